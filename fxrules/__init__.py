@@ -1,0 +1,39 @@
+"""fxrules: declarative, checked, fast rewrite rules for torch.fx graphs.
+
+Importing fxrules does not import torch: the front end (``load_rules``,
+``parse_rules``, ``fxrules check``) works without it. The engine
+(``apply_rules``, ``find_matches``, ``explain``) imports torch when first used.
+"""
+
+from .api import apply_rules, explain, find_matches, load_rules, parse_rules
+from .errors import Diagnostic, FxrulesError, RuleFileError
+from .rules import CheckedRule, RuleSet
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RewriteError": ("fxrules.engine", "RewriteError"),
+    "RewriteLoopError": ("fxrules.engine", "RewriteLoopError"),
+    "ModelError": ("fxrules.transaction", "ModelError"),
+    "RewriteResult": ("fxrules.report", "RewriteResult"),
+    "Report": ("fxrules.report", "Report"),
+    "builders": ("fxrules.builders", None),
+}
+
+
+def __getattr__(name: str):
+    """Engine names import torch, so they load on first use."""
+    if name in _LAZY:
+        import importlib
+
+        module_name, attr = _LAZY[name]
+        module = importlib.import_module(module_name)
+        return module if attr is None else getattr(module, attr)
+    raise AttributeError(f"module 'fxrules' has no attribute {name!r}")
+
+
+__all__ = [
+    "CheckedRule", "Diagnostic", "FxrulesError", "ModelError", "Report", "RewriteError", "RewriteLoopError",
+    "RewriteResult", "RuleFileError", "RuleSet", "apply_rules", "explain", "find_matches", "load_rules",
+    "parse_rules",
+]

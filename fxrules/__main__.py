@@ -1,0 +1,7 @@
+"""``python -m fxrules``: the same as the ``fxrules`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

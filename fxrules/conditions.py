@@ -1,0 +1,223 @@
+"""Evaluating ``where`` conditions on a match.
+
+What names mean in a condition:
+
+* ``$x`` bound to a node: its tensor metadata (``shape``, ``ndim``, ``dtype``,
+  ``device``, ``numel``, ...) from ``node.meta['val']`` or
+  ``node.meta['tensor_meta']``; bound to a ``get_attr`` node: the parameter or
+  buffer itself; bound to a literal: the literal.
+* a name bound with ``as`` to a ``call_module`` node: the module, so
+  ``bn.training`` and ``conv.weight.shape`` read it; to any other node: like a
+  capture.
+* dotted names: constants such as ``torch.float32``; calls: built-in
+  predicates (``is_zero``), pure builtins (``len``) or a function by dotted path
+  (allowed by the import policy).
+
+A condition that needs metadata the graph does not have raises
+:class:`MissingMetadata`; the engine turns it into an error naming the rule.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Optional
+
+from torch import fx
+
+from . import ast as A
+from .names import expand
+from .predicates import CONDITION_FUNCTIONS, PREDICATES
+
+
+class MissingMetadata(Exception):
+    """A condition read shape/dtype of a node that has neither meta['val'] nor meta['tensor_meta']."""
+
+    def __init__(self, node: fx.Node, attr: str):
+        super().__init__(node, attr)
+        self.node = node
+        self.attr = attr
+
+
+class TensorInfo:
+    """Shape, dtype and device of a node's value, read from its meta."""
+
+    __slots__ = ("shape", "dtype", "device", "requires_grad", "_contiguous")
+
+    def __init__(self, shape, dtype, device, requires_grad=False, contiguous=True):
+        self.shape = tuple(int(d) if _is_int(d) else d for d in shape)
+        self.dtype = dtype
+        self.device = device
+        self.requires_grad = requires_grad
+        self._contiguous = contiguous
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def is_contiguous(self) -> bool:
+        return self._contiguous
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def size(self, dim: Optional[int] = None):
+        return self.shape if dim is None else self.shape[dim]
+
+
+def _is_int(d: Any) -> bool:
+    try:
+        int(d)
+        return True
+    except Exception:
+        return False
+
+
+def tensor_info(node: fx.Node) -> Optional[TensorInfo]:
+    val = node.meta.get("val")
+    if val is not None and hasattr(val, "shape") and hasattr(val, "dtype"):
+        try:
+            contiguous = bool(val.is_contiguous())
+        except Exception:
+            contiguous = True
+        return TensorInfo(val.shape, val.dtype, getattr(val, "device", None),
+                          bool(getattr(val, "requires_grad", False)), contiguous)
+    meta = node.meta.get("tensor_meta")
+    if meta is not None and hasattr(meta, "shape"):
+        return TensorInfo(meta.shape, meta.dtype, None, bool(getattr(meta, "requires_grad", False)),
+                          bool(getattr(meta, "is_contiguous", True)))
+    return None
+
+
+_BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+    ">=": operator.ge, "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+}
+
+_CAPTURE_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
+
+
+class Evaluator:
+    """Evaluates one rule's conditions against one match."""
+
+    def __init__(self, captures: dict, names: dict, module_of: Callable[[str], Any],
+                 attr_of: Callable[[str], Any], aliases: dict, resolver):
+        self.captures = captures
+        self.names = names
+        self.module_of = module_of
+        self.attr_of = attr_of
+        self.aliases = aliases
+        self.resolver = resolver
+
+    def truth(self, cond: A.Cond) -> bool:
+        return bool(self.value(cond))
+
+    def node_value(self, node: Any, attr: Optional[str] = None) -> Any:
+        """What a node stands for in a condition (see the module docstring)."""
+        if not isinstance(node, fx.Node):
+            return node
+        if node.op == "get_attr":
+            return self.attr_of(node.target)
+        if node.op == "call_module" and attr not in _CAPTURE_ATTRS:
+            return self.module_of(node.target)
+        info = tensor_info(node)
+        if info is None:
+            raise MissingMetadata(node, attr or "value")
+        return info
+
+    def value(self, cond: A.Cond) -> Any:
+        kind = type(cond)
+        if kind is A.CLiteral:
+            return cond.value
+        if kind is A.CCapture:
+            return self.captures[cond.name]
+        if kind is A.CName:
+            if cond.name in self.names:
+                return self.names[cond.name]
+            return self.constant((cond.name,))
+        if kind is A.CAttr:
+            chain = _chain(cond)
+            if chain is not None and chain[0] not in self.names:
+                return self.constant(chain)
+            base = self.value(cond.value)
+            if isinstance(base, fx.Node):
+                base = self.node_value(base, cond.attr)
+            result = getattr(base, cond.attr)
+            if cond.attr in ("numel",) and callable(result):
+                return result()
+            return result
+        if kind is A.CIndex:
+            base = self.value(cond.value)
+            if isinstance(base, fx.Node):
+                base = self.node_value(base)
+            return base[self.value(cond.index)]
+        if kind is A.CCall:
+            return self.call(cond)
+        if kind is A.CList:
+            return [self.value(i) for i in cond.items]
+        if kind is A.CUnary:
+            if cond.op == "not":
+                return not self.truth(cond.operand)
+            return -self.value(cond.operand)
+        if kind is A.CBinary:
+            if cond.op == "and":
+                return self.truth(cond.left) and self.truth(cond.right)
+            if cond.op == "or":
+                return self.truth(cond.left) or self.truth(cond.right)
+            left, right = self.value(cond.left), self.value(cond.right)
+            return _BINARY[cond.op](_plain(self, left), _plain(self, right))
+        raise AssertionError(kind)  # pragma: no cover
+
+    def call(self, cond: A.CCall) -> Any:
+        args = [self.value(a) for a in cond.args]
+        func = cond.func
+        if isinstance(func, A.CName) and func.name in PREDICATES:
+            return PREDICATES[func.name](*[self.predicate_arg(a) for a in args])
+        if isinstance(func, A.CName) and func.name in CONDITION_FUNCTIONS:
+            return CONDITION_FUNCTIONS[func.name](*[_plain(self, a) for a in args])
+        if isinstance(func, A.CAttr) and _chain(func) is None:  # a method on a value: `$x.is_contiguous()`
+            base = self.value(func.value)
+            if isinstance(base, fx.Node):
+                base = self.node_value(base, func.attr)
+            return getattr(base, func.attr)(*args)
+        chain = _chain(func)
+        function = self.constant(chain)
+        return function(*[self.predicate_arg(a) for a in args])
+
+    def predicate_arg(self, value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            if value.op in ("get_attr", "call_module"):
+                return self.node_value(value)
+            info = tensor_info(value)
+            return info if info is not None else value
+        return value
+
+    def constant(self, chain: tuple) -> Any:
+        path = expand(chain, self.aliases) or ".".join(chain)
+        resolution = self.resolver.resolve(path)
+        if not resolution.ok:
+            raise NameError(resolution.message or f"`{path}` does not resolve")
+        return resolution.value
+
+
+def _plain(evaluator: Evaluator, value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        return evaluator.node_value(value)
+    return value
+
+
+def _chain(cond: A.Cond) -> Optional[tuple]:
+    parts = []
+    while isinstance(cond, A.CAttr):
+        parts.append(cond.attr)
+        cond = cond.value
+    if isinstance(cond, A.CName):
+        parts.append(cond.name)
+        return tuple(reversed(parts))
+    return None

@@ -1,0 +1,367 @@
+"""The rewrite driver: prepare a workpiece, rewrite to a fixpoint with a worklist, commit.
+
+Priority, when matches overlap: rule order first, then graph order. Candidates
+sit in a heap keyed by (rule index, node position); the first candidate whose
+match passes its conditions and the planner's checks is rewritten, and the
+nodes the rewrite touched (new nodes, users of replaced nodes up to the
+deepest pattern's depth, inputs that lost users) go back on the heap. The
+whole graph is scanned once; afterwards only touched nodes are revisited.
+
+The run stops when the heap is empty (a fixpoint: no rule applies anywhere) or
+raises :class:`RewriteLoopError` after ``max_iterations`` rewrites.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import Counter
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import fx, nn
+
+from .conditions import Evaluator, MissingMetadata
+from .errors import FxrulesError
+from .matcher import GraphView, Match, Miss, match_program
+from .planner import Plan, plan
+from .program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
+from .report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
+from .rules import RuleSet
+from .transaction import ModelError, Workpiece, apply_match
+
+
+class RewriteError(FxrulesError):
+    """A rule failed while being applied. The caller's model is unchanged.
+
+    Attributes: ``rule`` (name), ``source`` (rule file:line), ``node`` (graph
+    node name) and ``stack_trace`` (where the node came from in the model, when known).
+    """
+
+    def __init__(self, message: str, *, rule: str, source: str, node: str, stack_trace: Optional[str] = None):
+        text = f"{source}: rule `{rule}` failed at node %{node}: {message}"
+        if stack_trace:
+            text += "\nthe node was created at:\n    " + stack_trace.strip().replace("\n", "\n    ")
+        super().__init__(text)
+        self.rule = rule
+        self.source = source
+        self.node = node
+        self.stack_trace = stack_trace
+
+
+class RewriteLoopError(FxrulesError):
+    """The rules kept rewriting past ``max_iterations``: they do not reach a fixpoint."""
+
+    def __init__(self, message: str, rules: list[str]):
+        super().__init__(message)
+        self.rules = rules
+
+
+# ---------------------------------------------------------------------------
+# Preparing a model
+# ---------------------------------------------------------------------------
+
+
+def prepare(model: Any, *, tracer: Optional[fx.Tracer] = None, concrete_args: Optional[dict] = None,
+            example_inputs: Optional[tuple] = None) -> Workpiece:
+    """A workpiece for ``model`` (nn.Module, GraphModule or ExportedProgram); the model is not modified."""
+    if isinstance(model, torch.export.ExportedProgram):
+        try:
+            module = model.module()  # a fresh module every call: ours to rewrite
+        except Exception as exc:
+            raise ModelError(f"cannot unlift the ExportedProgram: {type(exc).__name__}: {exc}") from exc
+        work = Workpiece(module.graph, module, class_name=type(module).__name__, donor=module)
+    elif isinstance(model, fx.GraphModule):
+        import copy
+
+        graph = copy.deepcopy(model.graph)
+        work = Workpiece(graph, model, class_name=type(model).__name__, donor=model)
+    elif isinstance(model, nn.Module):
+        work = _trace(model, tracer, concrete_args)
+    else:
+        raise ModelError(f"expected an nn.Module, a torch.fx.GraphModule or a torch.export.ExportedProgram, "
+                         f"got {type(model).__name__}")
+    if example_inputs is not None and not work.has_values:
+        propagate_values(work, tuple(example_inputs))
+    return work
+
+
+def _trace(model: nn.Module, tracer: Optional[fx.Tracer], concrete_args: Optional[dict]) -> Workpiece:
+    tracer = tracer if tracer is not None else fx.Tracer()
+    before = set(model.__dict__) | set(model._parameters) | set(model._buffers) | set(model._modules)
+    try:
+        graph = tracer.trace(model, concrete_args)
+    except Exception as exc:
+        raise ModelError(f"{type(model).__name__} does not trace with torch.fx ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else exc}); pass a torch.fx.GraphModule or a "
+                         f"torch.export.ExportedProgram, or concrete_args") from exc
+    # The tracer stores tensor constants on the traced module; keep them in the workpiece instead.
+    extra = {}
+    for store in (model.__dict__, model._parameters, model._buffers, model._modules):
+        for key in [k for k in store if k not in before]:
+            extra[key] = store.pop(key)
+    return Workpiece(graph, model, class_name=type(model).__name__, extra_attrs=extra)
+
+
+def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
+    """Fill meta['val'] of every node by running the graph on fake tensors (real ones as a fallback)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class _Run(fx.Interpreter):
+        def fetch_attr(self, target: str) -> Any:
+            return work.attr_of(target)
+
+        def call_module(self, target, args, kwargs):
+            return work.module_of(target)(*args, **kwargs)
+
+        def run_node(self, n: fx.Node) -> Any:
+            result = super().run_node(n)
+            n.meta["val"] = _as_meta(result) if convert else result
+            return result
+
+    holder = nn.Module()
+    convert = False
+    try:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fake_inputs = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+        with mode:
+            _Run(holder, graph=work.graph).run(*fake_inputs)
+    except Exception:
+        convert = True
+        try:
+            with torch.no_grad():
+                _Run(holder, graph=work.graph).run(*example_inputs)
+        except Exception as exc:
+            raise ModelError(f"the model does not run on the example inputs: {type(exc).__name__}: {exc}") from exc
+    work.has_values = True
+
+
+def _as_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_meta(v) for v in value)
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Matching with conditions and planning
+# ---------------------------------------------------------------------------
+
+
+def _pattern_depth(pattern: Any) -> int:
+    depth, stack = 0, [(pattern, 1)]
+    while stack:
+        p, d = stack.pop()
+        if isinstance(p, PCall):
+            depth = max(depth, d)
+            stack.extend((a, d + 1) for a in p.args or ())
+            stack.extend((v, d + 1) for _, v in p.kwargs)
+        elif isinstance(p, (PAlt, PSeq)):
+            stack.extend((o, d) for o in (p.options if isinstance(p, PAlt) else p.items))
+        elif isinstance(p, PBind):
+            stack.append((p.inner, d))
+    return depth
+
+
+class _Session:
+    """One engine run over one workpiece."""
+
+    def __init__(self, work: Workpiece, rule_set: RuleSet):
+        self.work = work
+        self.rule_set = rule_set
+        self.compiled: CompiledRules = compile_rules(rule_set)
+        self.view = GraphView(work.module_of)
+        self.depth = max((_pattern_depth(r) for p in self.compiled.programs for r in p.roots), default=1)
+        self.multi_root = any(len(p.roots) > 1 for p in self.compiled.programs)
+
+    def error(self, program: Program, node: fx.Node, message: str) -> RewriteError:
+        return RewriteError(message, rule=program.name, source=program.rule.source, node=node.name,
+                            stack_trace=node.meta.get("stack_trace"))
+
+    def conditions(self, match: Match) -> Optional[Any]:
+        """None when every condition holds, else the first condition that does not."""
+        program = match.program
+        if not program.conditions:
+            return None
+        env = match.bindings
+        evaluator = Evaluator(env.captures, env.names, self.work.module_of, self.work.attr_of,
+                              program.rule.aliases, self.rule_set.resolver)
+        for condition in program.conditions:
+            try:
+                holds = evaluator.truth(condition)
+            except MissingMetadata as exc:
+                raise self.error(program, match.roots[0],
+                                 f"a condition reads `{exc.attr}` of %{exc.node.name}, but the graph has no "
+                                 f"shape/dtype metadata; pass example_inputs= to apply_rules, or a graph with "
+                                 f"meta['val'] (torch.export)") from None
+            except FxrulesError:
+                raise
+            except Exception as exc:
+                raise self.error(program, match.roots[0],
+                                 f"evaluating condition at {condition.span} raised {type(exc).__name__}: {exc}") from exc
+            if not holds:
+                return condition
+        return None
+
+    def try_match(self, program: Program, node: fx.Node) -> "Match | Miss":
+        try:
+            return match_program(program, node, self.view)
+        except FxrulesError:
+            raise
+        except Exception as exc:
+            raise self.error(program, node, f"matching raised {type(exc).__name__}: {exc}") from exc
+
+    def plan(self, match: Match) -> "Plan | str":
+        return plan(match, self.work.module_of)
+
+    # -- the fixpoint ------------------------------------------------------------
+    def rewrite(self, max_iterations: int) -> tuple[list[Applied], list[Rejected]]:
+        heap: list = []
+        queued: set = set()
+        counter = itertools.count()
+        candidates = self.compiled.candidates
+        module_of = self.work.module_of
+
+        def push(node: fx.Node) -> None:
+            for program in candidates(node, module_of):
+                key = (program.rule.index, node)
+                if key not in queued:
+                    queued.add(key)
+                    heapq.heappush(heap, (program.rule.index, node._sort_key, next(counter), node, program))
+
+        for node in self.work.graph.nodes:
+            push(node)
+        applied: list[Applied] = []
+        rejected: dict = {}
+        recent: list[str] = []
+        while heap:
+            _, _, _, node, program = heapq.heappop(heap)
+            queued.discard((program.rule.index, node))
+            if getattr(node, "_erased", False) or node.graph is None:
+                continue
+            result = self.try_match(program, node)
+            if isinstance(result, Miss):
+                continue
+            if self.conditions(result) is not None:
+                continue
+            decision = self.plan(result)
+            key = (program.rule.index, tuple(n.name for n in result.roots))
+            if isinstance(decision, str):
+                rejected[key] = Rejected(program.name, program.rule.source, tuple(n.name for n in result.nodes),
+                                         decision)
+                continue
+            try:
+                entry, touched = apply_match(self.work, result, decision)
+            except FxrulesError:
+                raise
+            except Exception as exc:
+                raise self.error(program, node, f"building the replacement raised {type(exc).__name__}: {exc}") from exc
+            rejected.pop(key, None)
+            applied.append(entry)
+            recent.append(program.name)
+            if len(applied) > max_iterations:
+                window = Counter(recent[-200:])
+                names = [name for name, _ in window.most_common()]
+                raise RewriteLoopError(
+                    f"the rules did not reach a fixpoint after {max_iterations} rewrites; these kept firing: "
+                    + ", ".join(f"`{n}` ({c} of the last {min(200, len(recent))})" for n, c in window.most_common())
+                    + ". A rule set must not contain rules that undo each other (A -> B with B -> A) or grow the "
+                      "graph forever", names)
+            for n in self._revisit(touched):
+                push(n)
+        return applied, list(rejected.values())
+
+    def _revisit(self, touched: Iterable[fx.Node]) -> set:
+        """Touched nodes, their users up to the deepest pattern's depth, and siblings for multi-root rules."""
+        found: set = set()
+        frontier = [n for n in touched if not getattr(n, "_erased", False)]
+        found.update(frontier)
+        if self.multi_root:
+            for n in list(frontier):
+                for inp in n.all_input_nodes:
+                    found.update(inp.users)
+        for _ in range(self.depth):
+            nxt = []
+            for n in frontier:
+                for user in n.users:
+                    if user not in found:
+                        found.add(user)
+                        nxt.append(user)
+            frontier = nxt
+            if not frontier:
+                break
+        return found
+
+
+# ---------------------------------------------------------------------------
+# Entry points (wrapped by fxrules.api)
+# ---------------------------------------------------------------------------
+
+
+def count_nodes(graph: fx.Graph) -> int:
+    return len(graph.nodes)
+
+
+def run_apply(model: Any, rule_set: RuleSet, *, example_inputs=None, max_iterations: Optional[int] = None,
+              tracer=None, concrete_args=None) -> RewriteResult:
+    start = time.perf_counter()
+    work = prepare(model, tracer=tracer, concrete_args=concrete_args, example_inputs=example_inputs)
+    before = count_nodes(work.graph)
+    session = _Session(work, rule_set)
+    limit = max_iterations if max_iterations is not None else 10_000 + 10 * before
+    applied, rejected = session.rewrite(limit)
+    try:
+        module = work.commit()
+    except FxrulesError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"the rewritten graph does not compile: {type(exc).__name__}: {exc}") from exc
+    report = Report(tuple(applied), tuple(rejected), before, count_nodes(module.graph),
+                    time.perf_counter() - start, tuple(work.notes))
+    return RewriteResult(module, report, report.counts)
+
+
+def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None, concrete_args=None) -> list[MatchInfo]:
+    work = prepare(model, tracer=tracer, concrete_args=concrete_args, example_inputs=example_inputs)
+    session = _Session(work, rule_set)
+    found: list[MatchInfo] = []
+    for node in work.graph.nodes:
+        for program in session.compiled.candidates(node, work.module_of):
+            result = session.try_match(program, node)
+            if isinstance(result, Miss) or session.conditions(result) is not None:
+                continue
+            decision = session.plan(result)
+            found.append(MatchInfo(program.name, program.rule.source, tuple(n.name for n in result.roots),
+                                   tuple(n.name for n in result.nodes),
+                                   {k: (v.name if isinstance(v, fx.Node) else v)
+                                    for k, v in result.bindings.captures.items()},
+                                   decision if isinstance(decision, str) else None))
+    return found
+
+
+def run_explain(model: Any, rule_set: RuleSet, *, rule: Optional[str] = None, example_inputs=None, tracer=None,
+                concrete_args=None) -> list[NearMiss]:
+    if rule is not None:
+        rule_set = rule_set.select(names=[rule])
+    work = prepare(model, tracer=tracer, concrete_args=concrete_args, example_inputs=example_inputs)
+    session = _Session(work, rule_set)
+    misses: list[NearMiss] = []
+    for node in work.graph.nodes:
+        for program in session.compiled.candidates(node, work.module_of):
+            result = session.try_match(program, node)
+            trace = node.meta.get("stack_trace")
+            if isinstance(result, Miss):
+                misses.append(NearMiss(program.name, str(result.span), node.name, result.reason, result.depth, trace))
+                continue
+            failed = session.conditions(result)
+            if failed is not None:
+                misses.append(NearMiss(program.name, str(failed.span), node.name,
+                                       "the pattern matched, but this condition is false", 1 << 20, trace))
+                continue
+            decision = session.plan(result)
+            if isinstance(decision, str):
+                misses.append(NearMiss(program.name, str(program.rule.span), node.name,
+                                       f"the pattern matched, but the rewrite is refused: {decision}", 1 << 21, trace))
+    return misses

@@ -1,0 +1,77 @@
+"""The front end's driver: sources to a checked RuleSet, or every diagnostic found.
+
+source -> parser -> builder -> checker, per file; then duplicate names across
+the whole set. Syntax errors stop their own file only: the other files are
+still checked, so one run reports everything it can.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Union
+
+from . import ast as A
+from .builder import build
+from .checker import check_duplicates, check_file
+from .errors import ERROR, Diagnostic, RuleFileError
+from .names import Resolver
+from .parser import parse_tree
+from .rules import CheckedRule, RuleSet
+from .source import Source, expand, read
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def parse_source(source: Source) -> A.RuleFile:
+    """Text to AST (syntax only). Raises RuleFileError with one syntax diagnostic."""
+    return build(parse_tree(source), source)
+
+
+def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, list[Diagnostic]]:
+    """Check sources; returns the rules that are free of errors and every diagnostic."""
+    diagnostics: list[Diagnostic] = []
+    rules: list[CheckedRule] = []
+    asts: list[A.Rule] = []
+    texts: dict[str, str] = {}
+    for source in sources:
+        texts[source.path] = source.text
+        try:
+            rule_file = parse_source(source)
+        except RuleFileError as exc:
+            diagnostics.extend(exc.diagnostics)
+            continue
+        checked, found = check_file(rule_file, resolver)
+        rules.extend(checked)
+        asts.extend(rule_file.rules)
+        diagnostics.extend(found)
+    duplicates = check_duplicates(asts)
+    diagnostics.extend(duplicates)
+    clashing = {(d.path, d.line, d.column) for d in duplicates}
+    rules = [r for r in rules if (r.ast.name_span.path, r.ast.name_span.line, r.ast.name_span.column) not in clashing]
+    warnings = tuple(d for d in diagnostics if d.severity != ERROR)
+    return RuleSet._renumbered(rules, texts, warnings, resolver), diagnostics
+
+
+def load_sources(sources: Iterable[Source], resolver: Resolver) -> RuleSet:
+    sources = list(sources)
+    rule_set, diagnostics = analyze(sources, resolver)
+    errors = [d for d in diagnostics if d.severity == ERROR]
+    if errors:
+        raise RuleFileError(errors, {s.path: s.text for s in sources})
+    return rule_set
+
+
+def read_sources(paths: Iterable[PathLike]) -> tuple[list[Source], list[Diagnostic]]:
+    """Read every file under ``paths``; unreadable files become diagnostics, not exceptions."""
+    sources: list[Source] = []
+    diagnostics: list[Diagnostic] = []
+    try:
+        files = expand(paths)
+    except RuleFileError as exc:
+        return [], list(exc.diagnostics)
+    for path in files:
+        try:
+            sources.append(read(path))
+        except RuleFileError as exc:
+            diagnostics.extend(exc.diagnostics)
+    return sources, diagnostics

@@ -1,0 +1,202 @@
+"""Deciding whether a match may be rewritten, and where the replacement goes.
+
+A match is rejected, with a reason the report shows, when:
+
+* an interior node (matched, not a root) has a user outside the match;
+* a matched node has a side effect (removing it would drop the effect): see
+  :func:`side_effect`; torch's own ``Node.is_impure`` misses in-place method
+  calls such as ``buf.add_(1)`` and ``print`` in symbolic_trace graphs, so this
+  module has its own test;
+* the rewrite would move a read of a captured value across an in-place
+  mutation of that value (the replacement reads it at a later point than the
+  matched nodes did);
+* the replacement would need a node before one of its own inputs (a cycle);
+* the replacement uses a node the rewrite removes, or replaces a node by a
+  literal.
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx
+
+from .matcher import Match
+from .program import RCall, RSeq, RValue
+
+_INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
+                      operator.irshift, operator.imatmul, operator.setitem, operator.delitem}
+_EFFECTFUL_FUNCTIONS = {builtins.print, builtins.input, builtins.setattr, builtins.delattr, builtins.exec,
+                        builtins.eval, builtins.open}
+
+
+def mutated_inputs(node: fx.Node, module_of: Callable[[str], Any]) -> list:
+    """The input nodes ``node`` writes to in place (empty for a pure node)."""
+    if node.op == "call_method":
+        name = node.target
+        if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
+            return [node.args[0]]
+        return []
+    if node.op == "call_module":
+        module = module_of(node.target)
+        if getattr(module, "inplace", False) is True and node.args:
+            return [node.args[0]]
+        return []
+    if node.op != "call_function":
+        return []
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        written = []
+        for i, argument in enumerate(target._schema.arguments):
+            info = argument.alias_info
+            if info is not None and info.is_write:
+                value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+                if isinstance(value, fx.Node):
+                    written.append(value)
+        return written
+    if target in _INPLACE_OPERATORS:
+        return [node.args[0]] if node.args else []
+    name = getattr(target, "__name__", "")
+    if name.endswith("_") and not name.endswith("__") and node.args:
+        return [node.args[0]]
+    if node.kwargs.get("inplace") is True and node.args:
+        return [node.args[0]]
+    out = node.kwargs.get("out")
+    if isinstance(out, fx.Node):
+        return [out]
+    return []
+
+
+def side_effect(node: fx.Node, module_of: Callable[[str], Any]) -> Optional[str]:
+    """Why removing ``node`` would change behaviour beyond its output, or None when it is pure."""
+    if node.op in ("placeholder", "output"):
+        return f"%{node.name} is a graph {node.op}"
+    if mutated_inputs(node, module_of):
+        return f"%{node.name} modifies its input in place"
+    if node.op == "call_module":
+        module = module_of(node.target)
+        if getattr(module, "_is_impure", False):
+            return f"%{node.name} calls a module marked impure"
+        return None
+    if node.op == "call_function":
+        if node.target in _EFFECTFUL_FUNCTIONS:
+            return f"%{node.name} calls {getattr(node.target, '__name__', node.target)}, which has a side effect"
+        try:
+            from torch._library.utils import is_impure
+
+            if is_impure(node.target, args=node.args, kwargs=node.kwargs, impure_random=False):
+                return f"%{node.name} has a side effect"
+        except Exception:
+            pass
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where to insert a match's replacement."""
+
+    anchor: fx.Node  # new nodes go just before this node
+
+
+def plan(match: Match, module_of: Callable[[str], Any]) -> "Plan | str":
+    """A Plan, or the reason the match must not be rewritten."""
+    env = match.bindings
+    matched = env.nodes
+    roots = match.roots
+    root_set = set(roots)
+    for node in matched:
+        if node in root_set:
+            continue
+        outside = [u for u in node.users if u not in matched]
+        if outside:
+            return (f"interior node %{node.name} is also used by %{outside[0].name}, outside the match; "
+                    f"rewriting would duplicate or break it")
+    for node in matched:
+        effect = side_effect(node, module_of)
+        if effect is not None:
+            return f"removing the match would drop a side effect: {effect}"
+    inputs = _replacement_inputs(match)
+    for node in inputs:
+        if node in root_set:
+            return f"the replacement uses %{node.name}, the node it replaces"
+    for index, replacement in enumerate(match.program.replacements):
+        if isinstance(replacement, RValue):
+            value = (env.captures if replacement.is_capture else env.names).get(replacement.name)
+            if not isinstance(value, fx.Node):
+                return f"the replacement would replace %{roots[index].name} by the literal {value!r}"
+    # In-place mutations between the first matched node and the last place the replacement reads.
+    first = min(matched) if matched else min(roots)
+    aliases_root = any(isinstance(r, RValue) for r in match.program.replacements)
+    last = max(roots)
+    if aliases_root:
+        users = [u for r in roots for u in r.users]
+        if users:
+            last = max(users + [last])
+    for value in inputs:
+        for user in value.users:
+            if user in matched or not (first < user < last):
+                continue
+            if value in mutated_inputs(user, module_of):
+                return (f"%{value.name} is modified in place by %{user.name} between the matched nodes and the "
+                        f"place the replacement reads it")
+    # Insertion point: after every input, before every user of a root.
+    anchor = min(roots)
+    late_inputs = [n for n in inputs if not (n < anchor)]
+    if late_inputs:
+        users = [u for r in roots for u in r.users if u not in matched]
+        limit = min(users) if users else None
+        latest = max(late_inputs)
+        if limit is not None and not (latest < limit):
+            return "the replacement would have to come after a user of the nodes it replaces (a cycle)"
+        anchor = latest.next
+    return Plan(anchor)
+
+
+def _replacement_inputs(match: Match) -> list:
+    """Nodes the replacement reads (captures and named nodes), in first-use order."""
+    env = match.bindings
+    found: dict = {}
+    stack = list(match.program.replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RValue):
+            value = (env.captures if item.is_capture else env.names).get(item.name)
+            _collect_nodes(value, found)
+        elif isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            if item.args is None:
+                root = match.roots[item.root_index]
+                _collect_nodes(root.args, found)
+                _collect_nodes(root.kwargs, found)
+            else:
+                stack.extend(item.args)
+                stack.extend(v for _, v in item.kwargs)
+                if item.rest and env.rest is not None:
+                    _collect_nodes(env.rest[0], found)
+                    _collect_nodes(env.rest[1], found)
+            target = item.target
+            names = getattr(target, "names", None) or ((target.name,) if hasattr(target, "name") else ())
+            for name in names:
+                value = env.names.get(name)
+                if isinstance(value, fx.Node) and value not in env.nodes:
+                    found[value] = None
+            attrs = getattr(target, "attrs", ())
+            stack.extend(v for _, v in attrs)
+    return list(found)
+
+
+def _collect_nodes(value: Any, found: dict) -> None:
+    if isinstance(value, fx.Node):
+        found[value] = None
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect_nodes(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _collect_nodes(item, found)

@@ -1,0 +1,421 @@
+"""Rules compiled to matcher programs, and the index that finds candidate rules for a node.
+
+A pattern AST becomes a tree of ``P*`` nodes whose targets are resolved Python
+objects (functions, method names, module classes) and whose argument lists are
+pre-bound to the target's signatures. A replacement becomes a tree of ``R*``
+templates. Rules are indexed by the (op, target) of their first root, so a
+node is only ever tried against the rules that can match it.
+
+Compiling needs torch; it happens once per rule set (cached on the RuleSet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from . import ast as A
+from . import signatures
+from .errors import Diagnostic, RuleFileError
+from .names import builtin_path, expand
+from .rules import CheckedRule, RuleSet
+
+# ---------------------------------------------------------------------------
+# Pattern programs
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PCapture:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PWildcard:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PLiteral:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PConst:
+    value: Any
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class PRef:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PSeq:
+    items: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class PAlt:
+    options: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class PBind:
+    inner: Any
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PGetAttr:
+    qualname: Optional[str]
+    capture: Optional[str]
+    span: A.Span
+
+
+@dataclass(frozen=True, slots=True)
+class PCall:
+    """A call pattern. ``args is None``: any arguments. ``overloads``: (signature, param -> P) pairs."""
+
+    op: str
+    targets: tuple  # functions, method names, or module classes
+    label: str
+    args: Optional[tuple]
+    kwargs: tuple  # ((name, P), ...)
+    rest: bool  # ends with `...`
+    overloads: tuple  # ((inspect.Signature, {param: P}), ...); empty: compare as written
+    attrs: tuple  # ((name, P), ...) module attribute constraints
+    span: A.Span
+
+
+Pattern = Union[PCapture, PWildcard, PLiteral, PConst, PRef, PSeq, PAlt, PBind, PGetAttr, PCall]
+
+# ---------------------------------------------------------------------------
+# Replacement templates
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RValue:
+    """A capture (``$x``) or a node named with ``as``."""
+
+    name: str
+    is_capture: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RLiteral:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RSeq:
+    items: tuple
+    kind: type  # list or tuple
+
+
+@dataclass(frozen=True, slots=True)
+class RNewModule:
+    cls: type
+    attrs: tuple  # ((name, R), ...)
+
+
+@dataclass(frozen=True, slots=True)
+class RBuilder:
+    function: Any
+    label: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RReuse:
+    name: str  # a matched call_module node, called again
+
+
+@dataclass(frozen=True, slots=True)
+class RCall:
+    """A node to create. ``args is None``: forward the arguments of root ``root_index``."""
+
+    op: str
+    target: Any  # function, method name, or RNewModule/RBuilder/RReuse
+    label: str
+    args: Optional[tuple]
+    kwargs: tuple
+    rest: bool
+    root_index: int
+    span: A.Span
+
+
+Replacement = Union[RValue, RLiteral, RSeq, RCall]
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """One compiled rule."""
+
+    rule: CheckedRule
+    roots: tuple  # Pattern per root
+    conditions: tuple  # A.Cond
+    replacements: tuple  # Replacement per root
+    keys: tuple  # index keys of the first root
+    needs_metadata: bool  # a condition reads shape/dtype of a node
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+
+# ---------------------------------------------------------------------------
+# Compiling
+# ---------------------------------------------------------------------------
+
+_METADATA_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "numel", "is_contiguous", "requires_grad"})
+
+
+class _Compiler:
+    def __init__(self, rule: CheckedRule, rule_set: RuleSet):
+        self.rule = rule
+        self.resolver = rule_set.resolver
+        self.aliases = rule.aliases
+        self.sources = rule_set.sources
+
+    def fail(self, span: A.Span, code: str, message: str) -> RuleFileError:
+        return RuleFileError([Diagnostic.at(span, code, message)], dict(self.sources))
+
+    def resolve(self, path: str, span: A.Span, code: str) -> Any:
+        resolution = self.resolver.resolve(path)
+        if not resolution.ok:
+            raise self.fail(span, code if resolution.status in ("unavailable", "unknown-target") else resolution.status,
+                            resolution.message or f"`{path}` does not resolve")
+        return resolution.value
+
+    def full(self, dotted: A.Dotted) -> str:
+        return expand(dotted.parts, self.aliases) or dotted.text
+
+    def function(self, dotted: A.Dotted) -> Any:
+        if len(dotted.parts) == 1 and dotted.parts[0] not in self.aliases:
+            path = builtin_path(dotted.parts[0]) or self.full(dotted)
+        else:
+            path = self.full(dotted)
+        return self.resolve(path, dotted.span, "unknown-target")
+
+    def module_class(self, dotted: A.Dotted) -> type:
+        if len(dotted.parts) == 1 and dotted.parts[0] not in self.aliases:
+            path = "torch.nn." + dotted.parts[0]
+        else:
+            path = self.full(dotted)
+        return self.resolve(path, dotted.span, "unknown-module-type")
+
+    # -- patterns ----------------------------------------------------------------
+    def pattern(self, expr: A.Expr) -> Pattern:
+        if isinstance(expr, A.Capture):
+            return PCapture(expr.name)
+        if isinstance(expr, A.Wildcard):
+            return PWildcard()
+        if isinstance(expr, A.Literal):
+            return PLiteral(expr.value)
+        if isinstance(expr, A.Name):
+            if len(expr.dotted.parts) == 1:
+                return PRef(expr.dotted.parts[0])
+            return PConst(self.resolve(self.full(expr.dotted), expr.span, "unknown-target"), expr.dotted.text)
+        if isinstance(expr, (A.ListExpr, A.TupleExpr)):
+            return PSeq(tuple(self.pattern(i) for i in expr.items))
+        if isinstance(expr, A.Alt):
+            return PAlt(tuple(self.pattern(o) for o in expr.options))
+        if isinstance(expr, A.Bind):
+            return PBind(self.pattern(expr.expr), expr.name)
+        if isinstance(expr, A.GetAttr):
+            target = expr.target
+            return PGetAttr(target.text if isinstance(target, A.Dotted) else None,
+                            target.name if isinstance(target, A.Capture) else None, expr.span)
+        if isinstance(expr, A.Call):
+            return self.call_pattern(expr)
+        raise self.fail(expr.span, "bad-pattern", "this cannot be matched")  # pragma: no cover - checker rejects
+
+    def call_pattern(self, call: A.Call) -> PCall:
+        if call.op == "call_function":
+            targets: tuple = (self.function(call.target),)
+            sigs = signatures.for_function(targets[0])
+        elif call.op == "call_method":
+            targets = (call.target.parts[0],)
+            sigs = signatures.for_method(call.target.parts[0])
+        else:
+            targets = (self.module_class(call.target),)
+            sigs = signatures.for_module(targets[0])
+        attrs = tuple((k.name, self.pattern(k.value)) for k in call.attrs or ())
+        if call.args is None:
+            return PCall(call.op, targets, call.target.text, None, (), True, (), attrs, call.span)
+        rest = call.has_ellipsis
+        positional = tuple(self.pattern(a) for a in call.args if not isinstance(a, A.Ellipsis_))
+        keywords = tuple((k.name, self.pattern(k.value)) for k in call.kwargs)
+        overloads = []
+        for sig in sigs:  # for call_method, the first argument is `self`, as in torch.NAME(input, ...)
+            bound = signatures.bind(sig, positional, dict(keywords), partial=rest)
+            if bound is not None:
+                overloads.append((sig, {name: _seq(value) for name, value in bound.items()}))
+        if sigs and not overloads:
+            raise self.fail(call.span, "bad-pattern",
+                            f"these arguments do not fit any signature of `{call.target.text}`")
+        return PCall(call.op, targets, call.target.text, positional, keywords, rest, tuple(overloads), attrs, call.span)
+
+    # -- replacements ----------------------------------------------------------------
+    def replacement(self, expr: A.Expr, root_index: int) -> Replacement:
+        if isinstance(expr, A.Capture):
+            return RValue(expr.name, True)
+        if isinstance(expr, A.Literal):
+            return RLiteral(expr.value)
+        if isinstance(expr, A.Name):
+            if len(expr.dotted.parts) == 1:
+                return RValue(expr.dotted.parts[0], False)
+            return RLiteral(self.resolve(self.full(expr.dotted), expr.span, "unknown-target"))
+        if isinstance(expr, A.ListExpr):
+            return RSeq(tuple(self.replacement(i, root_index) for i in expr.items), list)
+        if isinstance(expr, A.TupleExpr):
+            return RSeq(tuple(self.replacement(i, root_index) for i in expr.items), tuple)
+        if isinstance(expr, A.GetAttr) and isinstance(expr.target, A.Capture):
+            return RValue(expr.target.name, True)
+        if isinstance(expr, A.Call):
+            return self.call_replacement(expr, root_index)
+        raise self.fail(expr.span, "bad-replacement", "this cannot be built")  # pragma: no cover - checker rejects
+
+    def call_replacement(self, call: A.Call, root_index: int) -> RCall:
+        if call.op == "call_function":
+            target: Any = self.function(call.target)
+        elif call.op == "call_method":
+            target = call.target.parts[0]
+        elif call.builder_args is not None:
+            function = self.resolve(self.full(call.target), call.target.span, "unknown-builder")
+            target = RBuilder(function, call.target.text, tuple(a.dotted.parts[0] for a in call.builder_args))
+        elif len(call.target.parts) == 1 and call.target.parts[0] in self.bound_names:
+            target = RReuse(call.target.parts[0])
+        else:
+            cls = self.module_class(call.target)
+            target = RNewModule(cls, tuple((k.name, self.replacement(k.value, root_index)) for k in call.attrs or ()))
+        if call.args is None:
+            return RCall(call.op, target, call.target.text, None, (), False, root_index, call.span)
+        args = tuple(self.replacement(a, root_index) for a in call.args if not isinstance(a, A.Ellipsis_))
+        kwargs = tuple((k.name, self.replacement(k.value, root_index)) for k in call.kwargs)
+        return RCall(call.op, target, call.target.text, args, kwargs, call.has_ellipsis, root_index, call.span)
+
+    # -- the rule ------------------------------------------------------------------
+    def program(self) -> Program:
+        ast = self.rule.ast
+        self.bound_names = _bound_names(ast.patterns)
+        roots = tuple(self.pattern(p) for p in ast.patterns)
+        replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
+        return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
+                       any(_reads_metadata(c) for c in ast.conditions))
+
+
+def _seq(value: Any) -> Any:
+    """A var-positional parameter binds a tuple of patterns: match it as a sequence."""
+    if isinstance(value, tuple):
+        return PSeq(value)
+    return value
+
+
+def _bound_names(patterns) -> set[str]:
+    names: set[str] = set()
+    stack = list(patterns)
+    while stack:
+        expr = stack.pop()
+        if isinstance(expr, A.Bind):
+            names.add(expr.name)
+            stack.append(expr.expr)
+        elif isinstance(expr, A.Alt):
+            stack.extend(expr.options)
+        elif isinstance(expr, A.Call):
+            stack.extend(a for a in expr.args or ())
+            stack.extend(k.value for k in expr.kwargs)
+        elif isinstance(expr, (A.ListExpr, A.TupleExpr)):
+            stack.extend(expr.items)
+    return names
+
+
+def _keys(pattern: Pattern) -> tuple:
+    """Index keys of a root pattern: ("call_function", fn), ("call_method", name), ("call_module", cls), ("get_attr",)."""
+    if isinstance(pattern, PBind):
+        return _keys(pattern.inner)
+    if isinstance(pattern, PAlt):
+        return tuple(k for option in pattern.options for k in _keys(option))
+    if isinstance(pattern, PGetAttr):
+        return (("get_attr", None),)
+    if isinstance(pattern, PCall):
+        return tuple((pattern.op, t) for t in pattern.targets)
+    return ()
+
+
+def _reads_metadata(cond: A.Cond) -> bool:
+    stack = [cond]
+    while stack:
+        c = stack.pop()
+        if isinstance(c, A.CAttr):
+            if c.attr in _METADATA_ATTRS and not isinstance(c.value, A.CAttr):
+                return True
+            stack.append(c.value)
+        elif isinstance(c, A.CIndex):
+            stack.extend((c.value, c.index))
+        elif isinstance(c, A.CCall):
+            stack.append(c.func)
+            stack.extend(c.args)
+        elif isinstance(c, A.CList):
+            stack.extend(c.items)
+        elif isinstance(c, A.CUnary):
+            stack.append(c.operand)
+        elif isinstance(c, A.CBinary):
+            stack.extend((c.left, c.right))
+    return False
+
+
+# ---------------------------------------------------------------------------
+# The index
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompiledRules:
+    """All programs of a rule set and the (op, target) index over their first roots."""
+
+    programs: tuple
+    by_key: dict  # key -> tuple of programs, in rule order
+    module_keys: bool  # whether any rule's root is a call_module (needs module lookups per node)
+
+    def candidates(self, node, module_of) -> tuple:
+        """Programs whose first root can match ``node`` (in rule order)."""
+        op = node.op
+        if op == "call_module":
+            if not self.module_keys:
+                return ()
+            module = module_of(node.target)
+            if module is None:
+                return ()
+            found: list = []
+            for cls in type(module).__mro__:
+                found.extend(self.by_key.get(("call_module", cls), ()))
+            if len(found) > 1:
+                found.sort(key=lambda p: p.rule.index)
+            return tuple(found)
+        if op == "get_attr":
+            return self.by_key.get(("get_attr", None), ())
+        if op in ("call_function", "call_method"):
+            try:
+                return self.by_key.get((op, node.target), ())
+            except TypeError:  # an unhashable target
+                return ()
+        return ()
+
+
+def compile_rules(rule_set: RuleSet) -> CompiledRules:
+    """Compile every rule once; the result is cached for the rule set's lifetime."""
+    found = rule_set.cache.get("compiled")
+    if found is not None:
+        return found
+    programs = tuple(_Compiler(rule, rule_set).program() for rule in rule_set.rules)
+    by_key: dict = {}
+    for program in programs:
+        for key in dict.fromkeys(program.keys):
+            by_key.setdefault(key, []).append(program)
+    compiled = CompiledRules(programs, {k: tuple(v) for k, v in by_key.items()},
+                             any(k[0] == "call_module" for k in by_key))
+    return rule_set.cache.setdefault("compiled", compiled)

@@ -1,0 +1,379 @@
+"""Edit a copy, never the caller's model; commit by building one new GraphModule at the end.
+
+A :class:`Workpiece` holds the graph being rewritten (a copy, or a fresh trace),
+a read-only view of the caller's module hierarchy, and an overlay of the
+modules the rewrite creates. Nothing of the caller's model is ever written:
+the result is assembled once, in :meth:`Workpiece.commit`, as a new
+``GraphModule`` that references exactly the modules, parameters and buffers
+its graph uses (so nothing the rewrite made unused is left behind), compiled
+once. If anything fails before that, the workpiece is dropped and the caller's
+model is as it was.
+
+Leaf modules and parameters that the rewrite keeps are shared with the input,
+as ``torch.fx.symbolic_trace`` shares them with the traced model.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx, nn
+
+from .errors import FxrulesError
+from .matcher import Match
+from .planner import Plan, side_effect
+from .program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
+from .report import Applied
+
+_INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr", "custom")
+_MODULE_INTERNALS = frozenset({
+    "training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_graph", "_code",
+    "_lineno_map", "_prologue_start", "_tracer_cls", "_tracer_extras", "meta", "_replace_hooks",
+    "_create_node_hooks", "_erase_node_hooks", "_deepcopy_hooks", "_backward_pre_hooks", "_backward_hooks",
+    "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl", "forward", "_in_spec",
+    "_out_spec",
+})
+
+
+class ModelError(FxrulesError):
+    """The model cannot be prepared for rewriting (it does not trace, or is not a module)."""
+
+
+class Workpiece:
+    """The graph being rewritten and the modules it refers to."""
+
+    def __init__(self, graph: fx.Graph, root: nn.Module, *, class_name: str, donor: Optional[nn.Module] = None,
+                 extra_attrs: Optional[dict] = None):
+        self.graph = graph
+        self.root = root  # read only
+        self.class_name = class_name
+        self.donor = donor
+        self.training = root.training
+        self._modules: Optional[dict] = None
+        self.new_modules: dict[str, nn.Module] = {}
+        self.extra_attrs: dict[str, Any] = dict(extra_attrs or {})
+        self._taken: Optional[set] = None
+        self.notes: list[str] = []
+        self.has_values = any("val" in n.meta for n in graph.find_nodes(op="placeholder"))
+
+    # -- lookups ---------------------------------------------------------------
+    @property
+    def modules(self) -> dict:
+        if self._modules is None:
+            self._modules = dict(self.root.named_modules(remove_duplicate=False))
+        return self._modules
+
+    def module_of(self, target: str) -> Any:
+        found = self.new_modules.get(target)
+        if found is not None:
+            return found
+        return self.modules.get(target)
+
+    def attr_of(self, target: str) -> Any:
+        if target in self.extra_attrs:
+            return self.extra_attrs[target]
+        if target in self.new_modules:
+            return self.new_modules[target]
+        value: Any = self.root
+        for part in target.split("."):
+            value = getattr(value, part)
+        return value
+
+    def unique_name(self, base: str) -> str:
+        if self._taken is None:
+            taken = set(self.modules)
+            taken.update(name for name, _ in self.root.named_parameters(remove_duplicate=False))
+            taken.update(name for name, _ in self.root.named_buffers(remove_duplicate=False))
+            taken.update(self.extra_attrs)
+            taken.update(n.target for n in self.graph.nodes if n.op in ("get_attr", "call_module"))
+            self._taken = taken
+        name = base
+        i = 1
+        while name in self._taken:
+            name = f"{base}_{i}"
+            i += 1
+        self._taken.add(name)
+        return name
+
+    def add_module(self, name: str, module: nn.Module, *, reuse: bool = False) -> str:
+        if not reuse:
+            name = self.unique_name(name)
+        self.new_modules[name] = module
+        return name
+
+    # -- commit ----------------------------------------------------------------
+    def commit(self) -> fx.GraphModule:
+        """Lint the graph and build the one new GraphModule (the single recompile of the run)."""
+        self.graph.lint()
+        root: dict = {}
+        for node in self.graph.nodes:
+            if node.op == "call_module":
+                module = self.module_of(node.target)
+                if module is None:
+                    raise ModelError(f"node %{node.name} calls `{node.target}`, which the model does not have")
+                root[node.target] = module
+            elif node.op == "get_attr":
+                root[node.target] = self.attr_of(node.target)
+        module = fx.GraphModule(root, self.graph, class_name=self.class_name)
+        module.training = self.training
+        for name, container in module.named_modules():
+            if name and name not in root:  # a container GraphModule created; mirror the original's mode
+                original = self.modules.get(name)
+                if original is not None:
+                    container.training = original.training
+        if self.donor is not None:
+            _carry_state(self.donor, module)
+        return module
+
+
+def _carry_state(donor: nn.Module, module: fx.GraphModule) -> None:
+    """Keep what a GraphModule input carried besides its graph: meta, export specs, hooks."""
+    module.meta = dict(getattr(donor, "meta", {}) or {})
+    for key, value in donor.__dict__.items():
+        if key.endswith("hooks") and isinstance(value, dict) and value:
+            setattr(module, key, copy.copy(value))
+        elif key not in module.__dict__ and key not in _MODULE_INTERNALS and not key.startswith("__"):
+            module.__dict__[key] = value
+    for key in ("_in_spec", "_out_spec"):
+        if key in donor.__dict__:
+            module.__dict__[key] = donor.__dict__[key]
+
+
+# ---------------------------------------------------------------------------
+# Applying one match
+# ---------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, work: Workpiece, match: Match):
+        self.work = work
+        self.match = match
+        self.env = match.bindings
+        self.created: list[fx.Node] = []
+        self.meta_source: fx.Node = match.roots[0]
+        self.reused_names: set[str] = set()
+
+    def value(self, item: Any) -> Any:
+        if isinstance(item, RValue):
+            return (self.env.captures if item.is_capture else self.env.names)[item.name]
+        if isinstance(item, RLiteral):
+            return item.value
+        if isinstance(item, RSeq):
+            return item.kind(self.value(i) for i in item.items)
+        if isinstance(item, RCall):
+            return self.call(item)
+        raise AssertionError(item)  # pragma: no cover
+
+    def call(self, item: RCall) -> fx.Node:
+        root = self.match.roots[item.root_index]
+        self.meta_source = root
+        if item.args is None:
+            args, kwargs = tuple(root.args), dict(root.kwargs)
+        else:
+            args = tuple(self.value(a) for a in item.args)
+            kwargs = {name: self.value(v) for name, v in item.kwargs}
+            if item.rest and self.env.rest is not None:
+                args = args + tuple(self.env.rest[0])
+                kwargs.update(self.env.rest[1])
+        graph = self.work.graph
+        if item.op == "call_function":
+            node = graph.call_function(item.target, args, kwargs)
+        elif item.op == "call_method":
+            node = graph.call_method(item.target, args, kwargs)
+        else:
+            node = graph.call_module(self.module_target(item, root), args, kwargs)
+        self.inherit_meta(node, root)
+        self.created.append(node)
+        return node
+
+    def module_target(self, item: RCall, root: fx.Node) -> str:
+        spec = item.target
+        nodes: list = []
+        if isinstance(spec, RReuse):
+            return self.env.names[spec.name].target
+        if isinstance(spec, RBuilder):
+            nodes = [self.env.names[name] for name in spec.names]
+            inputs = [self.work.module_of(n.target) for n in nodes]
+            module = spec.function(*inputs)
+            if not isinstance(module, nn.Module):
+                raise TypeError(f"builder {spec.label} returned {type(module).__name__}, not an nn.Module")
+            reference = inputs[0] if inputs else None
+            base = _joined_name([n.target for n in nodes])
+        else:
+            kwargs = {name: self.constructor_value(v) for name, v in spec.attrs}
+            module = spec.cls(**kwargs)
+            reference = self.work.module_of(root.target) if root.op == "call_module" else None
+            base = _snake(spec.cls.__name__)
+        module = _place_like(module, reference, self.work.training)
+        # Readable names: the new module takes the name of the module it replaces (a builder's first
+        # input, else the root's) when no node outside the match still calls that name.
+        if isinstance(spec, RBuilder) and nodes:
+            candidates = [n.target for n in nodes if n in self.env.nodes]
+        else:
+            candidates = [root.target] if root.op == "call_module" else []
+        for target in candidates:
+            if target not in self.reused_names and self._only_matched_use(target):
+                self.reused_names.add(target)
+                return self.work.add_module(target, module, reuse=True)
+        if root.op == "call_module" and "." in root.target:
+            base = root.target.rsplit(".", 1)[0] + "." + base.rsplit(".", 1)[-1]
+        return self.work.add_module(base, module)
+
+    def _only_matched_use(self, target: str) -> bool:
+        matched = self.env.nodes
+        return all(n in matched for n in self.work.graph.find_nodes(op="call_module", target=target))
+
+    def constructor_value(self, item: Any) -> Any:
+        value = self.value(item)
+        if isinstance(value, fx.Node):
+            raise TypeError("a module constructor argument is bound to a graph node, not a constant")
+        return value
+
+    def inherit_meta(self, node: fx.Node, root: fx.Node) -> None:
+        for key in _INHERITED_META:
+            if key in root.meta:
+                node.meta[key] = root.meta[key]
+        rule = self.match.rule
+        node.meta["fxrules"] = {"rule": rule.name, "source": rule.source}
+
+
+def apply_match(work: Workpiece, match: Match, plan: Plan) -> tuple[Applied, set]:
+    """Rewrite one match. Returns the report entry and the nodes to revisit."""
+    builder = _Builder(work, match)
+    graph = work.graph
+    with graph.inserting_before(plan.anchor):
+        new_values = [builder.value(r) for r in match.program.replacements]
+    if work.has_values:
+        for node in builder.created:
+            _propagate_value(work, node)
+    touched: set = set(builder.created)
+    for root, value in zip(match.roots, new_values):
+        if isinstance(value, fx.Node) and value is not root:
+            if work.has_values and "val" not in value.meta and "val" in root.meta:
+                value.meta["val"] = root.meta["val"]
+            touched.update(root.users)
+            root.replace_all_uses_with(value)
+            touched.add(value)
+    matched_names = tuple(n.name for n in match.roots) + tuple(
+        n.name for n in match.bindings.nodes if n not in match.roots)
+    erased_inputs = _erase_dead(work, list(match.bindings.nodes) + list(match.bindings.attrs))
+    touched.update(erased_inputs)
+    for node in list(touched):
+        if node.graph is None or getattr(node, "_erased", False):
+            touched.discard(node)
+    rule = match.rule
+    replaced_by = tuple(v.name if isinstance(v, fx.Node) else repr(v) for v in new_values)
+    return Applied(rule.name, rule.source, matched_names, tuple(n.name for n in builder.created), replaced_by), touched
+
+
+def _erase_dead(work: Workpiece, candidates: list) -> set:
+    """Erase matched nodes left without users, then pure inputs the rewrite left without users."""
+    graph = work.graph
+    stack = sorted(set(candidates))  # pop() takes the latest node first: users before producers
+    survivors: set = set()
+    seen: set = set()
+    while stack:
+        node = stack.pop()
+        if node in seen or getattr(node, "_erased", False):
+            continue
+        if node.users:
+            survivors.add(node)
+            continue
+        seen.add(node)
+        inputs = list(node.all_input_nodes)
+        graph.erase_node(node)
+        for inp in inputs:
+            if not inp.users and inp.op not in ("placeholder", "output") \
+                    and side_effect(inp, work.module_of) is None:
+                stack.append(inp)
+            else:
+                survivors.add(inp)
+    # revisit what lost users: patterns rooted there may match now
+    return {n for n in survivors if not getattr(n, "_erased", False)}
+
+
+def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:
+    """New modules live on the device and dtype of the module they replace, in its training mode."""
+    if reference is not None:
+        tensor = next((t for t in list(reference.parameters()) + list(reference.buffers())
+                       if t.is_floating_point()), None)
+        if tensor is not None:
+            has_float = any(t.is_floating_point() for t in list(module.parameters()) + list(module.buffers()))
+            module = module.to(device=tensor.device, dtype=tensor.dtype if has_float else None) \
+                if has_float else module.to(device=tensor.device)
+        module.train(reference.training)
+    else:
+        module.train(training)
+    return module
+
+
+def _propagate_value(work: Workpiece, node: fx.Node) -> None:
+    """Recompute meta['val'] of a new node from its inputs' values (fake or meta tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def val(n: fx.Node) -> Any:
+        if "val" in n.meta:
+            return n.meta["val"]
+        if n.op == "get_attr":
+            return work.attr_of(n.target)
+        raise KeyError(n.name)
+
+    try:
+        args = fx.node.map_arg(node.args, val)
+        kwargs = fx.node.map_arg(node.kwargs, val)
+        fake_mode = None
+        for n in node.all_input_nodes:
+            v = n.meta.get("val")
+            if isinstance(v, FakeTensor):
+                fake_mode = v.fake_mode
+                break
+        if node.op == "call_function":
+            function: Callable = node.target
+        elif node.op == "call_method":
+            self_value, *rest = args
+            args = tuple(rest)
+            function = getattr(self_value, node.target)
+        else:
+            function = work.module_of(node.target)
+        if fake_mode is not None:
+            with fake_mode:
+                args = _to_fake(fake_mode, args)
+                kwargs = _to_fake(fake_mode, kwargs)
+                node.meta["val"] = function(*args, **kwargs)
+        else:
+            node.meta["val"] = function(*args, **kwargs)
+    except Exception as exc:  # best effort: say so in the report
+        work.notes.append(f"could not recompute meta['val'] of new node %{node.name}: {type(exc).__name__}: {exc}")
+
+
+def _to_fake(mode: Any, value: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+        return mode.from_tensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_fake(mode, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_fake(mode, v) for k, v in value.items()}
+    return value
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _joined_name(targets: list) -> str:
+    """``layer1.conv`` + ``layer1.bn`` -> ``layer1.conv_bn``."""
+    if not targets:
+        return "fxrules_module"
+    parents = {t.rsplit(".", 1)[0] if "." in t else "" for t in targets}
+    last = "_".join(t.rsplit(".", 1)[-1] for t in targets)
+    if len(parents) == 1:
+        parent = parents.pop()
+        return f"{parent}.{last}" if parent else last
+    return last
