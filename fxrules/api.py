@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Iterable, Union
 
-from .errors import RuleFileError
-from .frontend import load_sources, read_sources
+from .errors import ERROR, RuleFileError
+from .frontend import analyze, load_sources, read_sources
 from .names import Resolver
 from .rules import RuleSet
 from .source import Source
@@ -30,9 +30,12 @@ def load_rules(*paths: PathLike, allow_imports: Iterable[str] = ()) -> RuleSet:
     if len(paths) == 1 and isinstance(paths[0], (list, tuple)):
         paths = tuple(paths[0])
     sources, diagnostics = read_sources(paths)
-    if diagnostics:
-        raise RuleFileError(diagnostics, {s.path: s.text for s in sources})
-    return load_sources(sources, Resolver(allow_imports))
+    resolver = Resolver(allow_imports)
+    rule_set, found = analyze(sources, resolver)
+    errors = diagnostics + [d for d in found if d.severity == ERROR]
+    if errors:  # every file is checked, even when another one could not be read
+        raise RuleFileError(errors, {s.path: s.text for s in sources})
+    return rule_set
 
 
 def parse_rules(text: str, source: str = "<string>", *, allow_imports: Iterable[str] = ()) -> RuleSet:

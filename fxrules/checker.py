@@ -183,8 +183,9 @@ class _FileChecker:
     def alternation(self, expr: A.Alt, scope: _Scope, *, root: bool, enclosing: tuple[str, ...]) -> None:
         bound_sets = []
         before = scope.bound()
-        for option in expr.options:
-            sub = _Scope(names=dict(scope.names), name_spans=dict(scope.name_spans))
+        names_before, spans_before = dict(scope.names), dict(scope.name_spans)
+        for option in expr.options:  # each option starts from what was bound before the alternation
+            sub = _Scope(names=dict(names_before), name_spans=dict(spans_before))
             self.pattern(option, sub, root=root, enclosing=enclosing)
             bound_sets.append((sub.bound() - before, option))
             for name, span in sub.captures.items():

@@ -39,6 +39,23 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--allow-import", action="append", default=[], metavar="PKG",
                        help="allow rule files to name modules of PKG (may be repeated)")
     check.set_defaults(run=_check)
+
+    apply = commands.add_parser("apply", help="apply rules to a model and print what they did",
+                                description="Trace a model, apply the rules to a fixpoint and print the report. "
+                                            "Exit 0 on success, 1 when a rule fails on the model, 2 on usage "
+                                            "errors (bad rule files, a model that cannot be loaded or traced).")
+    apply.add_argument("paths", nargs="+", metavar="RULES", help="rule files or directories")
+    apply.add_argument("--model", required=True, metavar="MODULE:FACTORY",
+                       help="a model factory (called with no arguments) or nn.Module, e.g. fxrules.zoo:resnet")
+    apply.add_argument("--input", action="append", default=[], metavar="SHAPE",
+                       help="an example input shape such as 2x3x32x32 (repeat for several inputs); used for "
+                            "shape metadata and to compare outputs before and after")
+    apply.add_argument("--export", action="store_true",
+                       help="torch.export the model (needs --input) instead of symbolic tracing")
+    apply.add_argument("--format", choices=("text", "json"), default="text")
+    apply.add_argument("--allow-import", action="append", default=[], metavar="PKG",
+                       help="allow rule files to name modules of PKG (may be repeated)")
+    apply.set_defaults(run=_apply)
     return parser
 
 
@@ -72,12 +89,127 @@ def _emit(fmt: str, diagnostics: list[Diagnostic], texts: dict[str, str], *, fil
         return
     for d in diagnostics:
         print(d.render(texts.get(d.path)))
+    sys.stdout.flush()
     summary = f"{len(files)} file{'s' * (len(files) != 1)}, {rules} rule{'s' * (rules != 1)} checked"
     if errors or warnings:
         summary += f": {errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}"
     else:
         summary += ": no problems"
     print(summary, file=sys.stderr if diagnostics else sys.stdout)
+
+
+def _load_model(spec: str):
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise _UsageError(f"--model must look like PKG.MODULE:FACTORY, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)  # models are trusted code (see SECURITY.md)
+    except Exception as exc:
+        raise _UsageError(f"cannot import {module_name}: {type(exc).__name__}: {exc}") from None
+    target = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise _UsageError(f"{module_name} has no attribute {attr!r}")
+        target = getattr(target, part)
+    import torch
+
+    if isinstance(target, torch.nn.Module):
+        return target
+    if callable(target):
+        try:
+            model = target()
+        except Exception as exc:
+            raise _UsageError(f"{spec}() raised {type(exc).__name__}: {exc}") from None
+        if isinstance(model, torch.nn.Module):
+            return model
+        raise _UsageError(f"{spec}() returned {type(model).__name__}, not an nn.Module")
+    raise _UsageError(f"{spec} is neither an nn.Module nor a factory")
+
+
+def _shape(text: str) -> tuple:
+    try:
+        dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d)
+    except ValueError:
+        raise _UsageError(f"--input takes a shape like 2x3x32x32, got {text!r}") from None
+    if not dims or any(d < 0 for d in dims):
+        raise _UsageError(f"--input takes a shape like 2x3x32x32, got {text!r}")
+    return dims
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from .api import load_rules
+    from .errors import FxrulesError, RuleFileError
+
+    try:
+        rules = load_rules(*args.paths, allow_imports=args.allow_import)
+    except RuleFileError as exc:
+        print(exc.render(), file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        model = _load_model(args.model)
+        shapes = [_shape(s) for s in args.input]
+    except _UsageError as exc:
+        print(f"fxrules: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    import torch
+
+    from .api import apply_rules
+    from .transaction import ModelError
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = tuple(torch.randn(*shape, generator=generator) for shape in shapes) or None
+    subject = model
+    if args.export:
+        if inputs is None:
+            print("fxrules: error: --export needs example inputs (--input SHAPE)", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            subject = torch.export.export(model, inputs)
+        except Exception as exc:
+            print(f"fxrules: error: torch.export failed: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        result = apply_rules(subject, rules, example_inputs=None if args.export else inputs)
+    except ModelError as exc:
+        print(f"fxrules: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except FxrulesError as exc:
+        print(f"fxrules: {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    difference = None
+    if inputs is not None:
+        with torch.no_grad():
+            reference = subject.module()(*inputs) if args.export else model(*inputs)
+            rewritten = result.module(*inputs)
+        difference = _max_difference(reference, rewritten)
+    if args.format == "json":
+        payload = {"version": 1, "model": args.model, **result.report.to_json(), "max_abs_difference": difference}
+        json.dump(payload, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(result.report.table())
+        if difference is not None:
+            print(f"outputs before and after on the example inputs: max |difference| = {difference:.3g}")
+    return EXIT_OK
+
+
+def _max_difference(a, b) -> float:
+    import torch
+
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape:
+            return float("inf")
+        return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return max((_max_difference(x, y) for x, y in zip(a, b)), default=0.0)
+    return 0.0 if a == b else float("inf")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -135,8 +135,16 @@ class Evaluator:
         kind = type(cond)
         if kind is A.CLiteral:
             return cond.value
-        if kind is A.CCapture:
-            return self.captures[cond.name]
+        if kind is A.CCapture:  # a captured value: a parameter, tensor metadata, or a literal
+            value = self.captures[cond.name]
+            if isinstance(value, fx.Node):
+                if value.op == "get_attr":
+                    return self.attr_of(value.target)
+                info = tensor_info(value)
+                if info is None:
+                    raise MissingMetadata(value, "shape/dtype")
+                return info
+            return value
         if kind is A.CName:
             if cond.name in self.names:
                 return self.names[cond.name]

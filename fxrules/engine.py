@@ -196,7 +196,7 @@ class _Session:
                                  f"a condition reads `{exc.attr}` of %{exc.node.name}, but the graph has no "
                                  f"shape/dtype metadata; pass example_inputs= to apply_rules, or a graph with "
                                  f"meta['val'] (torch.export)") from None
-            except FxrulesError:
+            except (RewriteError, RewriteLoopError):
                 raise
             except Exception as exc:
                 raise self.error(program, match.roots[0],
@@ -208,7 +208,7 @@ class _Session:
     def try_match(self, program: Program, node: fx.Node) -> "Match | Miss":
         try:
             return match_program(program, node, self.view)
-        except FxrulesError:
+        except (RewriteError, RewriteLoopError):
             raise
         except Exception as exc:
             raise self.error(program, node, f"matching raised {type(exc).__name__}: {exc}") from exc
@@ -254,7 +254,7 @@ class _Session:
                 continue
             try:
                 entry, touched = apply_match(self.work, result, decision)
-            except FxrulesError:
+            except (RewriteError, RewriteLoopError):
                 raise
             except Exception as exc:
                 raise self.error(program, node, f"building the replacement raised {type(exc).__name__}: {exc}") from exc

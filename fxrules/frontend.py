@@ -37,10 +37,13 @@ def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, lis
         texts[source.path] = source.text
         try:
             rule_file = parse_source(source)
+            checked, found = check_file(rule_file, resolver)
         except RuleFileError as exc:
             diagnostics.extend(exc.diagnostics)
             continue
-        checked, found = check_file(rule_file, resolver)
+        except RecursionError:  # a backstop: the parser's limits keep nesting well below the stack's
+            diagnostics.append(Diagnostic(source.path, 1, 1, "too-deep", "the file nests too deeply to check"))
+            continue
         rules.extend(checked)
         asts.extend(rule_file.rules)
         diagnostics.extend(found)

@@ -136,7 +136,7 @@ class Resolver:
             return Resolution("unknown-alias", path,
                               message=f"`{root}` is neither an alias (declare one with `use ... as {root}`) "
                                       f"nor an importable module")
-        if root == "torch" and "torch" not in sys.modules and not _locatable("torch"):
+        if root == "torch" and not torch_available():
             return Resolution("unavailable", path, message="torch is not installed")
         try:
             value: Any = importlib.import_module(root)
@@ -168,7 +168,7 @@ class Resolver:
 def _locatable(name: str) -> bool:
     """Whether a top-level module exists, without importing (and so running) it."""
     if name in sys.modules:
-        return True
+        return sys.modules[name] is not None
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -190,4 +190,7 @@ def builtin_path(name: str) -> Optional[str]:
 
 
 def torch_available() -> bool:
-    return "torch" in sys.modules or _locatable("torch")
+    """Whether ``import torch`` can work (``sys.modules['torch'] = None`` means it cannot)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"] is not None
+    return _locatable("torch")

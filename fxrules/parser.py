@@ -20,6 +20,11 @@ from .source import Source
 MAX_DEPTH = 256
 """Brackets nested deeper than this are a ``too-deep`` diagnostic."""
 
+MAX_CONDITION_OPERATORS = 200
+"""Operators in one condition (`where` to `->`) beyond this are a ``too-deep`` diagnostic."""
+
+_CONDITION_OPERATORS = {"NOT", "AND", "OR", "PLUS", "MINUS", "STAR", "SLASH", "DSLASH", "PERCENT", "DOT", "LSQB",
+                        "LPAR", "EQEQ", "NOTEQ", "LT", "LE", "GT", "GE", "IN"}
 _OPEN = {"LPAR", "LSQB", "LBRACE"}
 _CLOSE = {"RPAR", "RSQB", "RBRACE"}
 
@@ -30,8 +35,9 @@ def grammar_text() -> str:
 
 
 class _TooDeep(Exception):
-    def __init__(self, token: lark.Token):
+    def __init__(self, token: lark.Token, what: str):
         self.token = token
+        self.what = what
 
 
 class _Newlines:
@@ -46,6 +52,8 @@ class _Newlines:
         history = self.history
         history.tokens = (None, None)
         depth = 0
+        in_condition = False
+        operators = 0  # in the current condition: chains build nested trees, so they are bounded too
         last_was_newline = True  # drops newlines at the start of the file
         for token in stream:
             kind = token.type
@@ -56,10 +64,18 @@ class _Newlines:
                 history.tokens = (history.tokens[1], token)
                 yield token
                 continue
+            if kind == "WHERE":
+                in_condition, operators = True, 0
+            elif kind == "ARROW":
+                in_condition = False
+            elif in_condition and kind in _CONDITION_OPERATORS:
+                operators += 1
+                if operators > MAX_CONDITION_OPERATORS:
+                    raise _TooDeep(token, f"a condition with more than {MAX_CONDITION_OPERATORS} operators")
             if kind in _OPEN:
                 depth += 1
                 if depth > MAX_DEPTH:
-                    raise _TooDeep(token)
+                    raise _TooDeep(token, f"brackets nested more than {MAX_DEPTH} deep")
             elif kind in _CLOSE and depth > 0:
                 depth -= 1
             last_was_newline = False
@@ -96,8 +112,7 @@ def parse_tree(source: Source) -> lark.Tree:
     except _TooDeep as exc:
         tok = exc.token
         raise RuleFileError(
-            [Diagnostic(source.path, tok.line, tok.column, "too-deep",
-                        f"brackets nested more than {MAX_DEPTH} deep",
+            [Diagnostic(source.path, tok.line, tok.column, "too-deep", exc.what,
                         end_line=tok.line, end_column=tok.column + 1)],
             {source.path: source.text},
         ) from None

@@ -129,6 +129,10 @@ def plan(match: Match, module_of: Callable[[str], Any]) -> "Plan | str":
             value = (env.captures if replacement.is_capture else env.names).get(replacement.name)
             if not isinstance(value, fx.Node):
                 return f"the replacement would replace %{roots[index].name} by the literal {value!r}"
+            for user in roots[index].users:
+                if roots[index] in mutated_inputs(user, module_of):
+                    return (f"%{roots[index].name} is modified in place by %{user.name}; replacing it by "
+                            f"%{value.name} would modify %{value.name} too")
     # In-place mutations between the first matched node and the last place the replacement reads.
     first = min(matched) if matched else min(roots)
     aliases_root = any(isinstance(r, RValue) for r in match.program.replacements)

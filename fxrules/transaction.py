@@ -135,7 +135,7 @@ def _carry_state(donor: nn.Module, module: fx.GraphModule) -> None:
     """Keep what a GraphModule input carried besides its graph: meta, export specs, hooks."""
     module.meta = dict(getattr(donor, "meta", {}) or {})
     for key, value in donor.__dict__.items():
-        if key.endswith("hooks") and isinstance(value, dict) and value:
+        if "hooks" in key and isinstance(value, (dict, set)) and value:
             setattr(module, key, copy.copy(value))
         elif key not in module.__dict__ and key not in _MODULE_INTERNALS and not key.startswith("__"):
             module.__dict__[key] = value

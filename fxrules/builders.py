@@ -1,0 +1,281 @@
+"""Module builders: functions that rewrite rules call to build replacement modules.
+
+A rule's replacement may construct a module from modules its pattern matched::
+
+    rule fold_conv_bn:
+        call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
+        where not bn.training
+        -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)
+
+The builder contract
+--------------------
+* **Inputs**: the matched ``nn.Module`` instances, positionally, in the order the
+  rule names them (``fold_conv_bn(conv, bn)`` above gets the conv, then the bn).
+* **Output**: a *new* ``nn.Module`` that computes what the matched modules
+  computed together. It lives on the same device and has the same dtype as the
+  module it replaces, and it is in eval mode.
+* **No mutation**: a builder never changes its inputs: not their parameters,
+  buffers, training flags, hooks or attributes. The engine may still hold the
+  original graph (to roll back a rewrite, or to compare against it), so the new
+  module shares no parameter or buffer storage with the inputs.
+* **Refusal**: a builder raises :class:`BuilderError` with a message saying
+  what is wrong on any input it cannot handle exactly (wrong types, training
+  mode, mismatched shapes, ...). It never returns a module that is only
+  approximately right, and never raises anything else on bad input.
+
+:data:`BUILDERS` lists the public builders by name. It is an explicit table:
+adding a builder means writing the function *and* listing it there.
+
+This module imports torch; only the engine imports it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
+
+from .errors import FxrulesError
+
+__all__ = ["BUILDERS", "BuilderError", "fold_conv_bn", "fold_linear_bn"]
+
+
+class BuilderError(FxrulesError, ValueError):
+    """A builder was given modules it cannot turn into an exact replacement.
+
+    It is a :class:`ValueError` (the arguments are the problem) and an
+    :class:`~fxrules.errors.FxrulesError` (fxrules raised it on purpose).
+    """
+
+
+# Spatial dimensionality of each supported conv and batch-norm class. Subclasses
+# (e.g. the Lazy* modules once initialised, QAT convs) count as their base.
+_CONV_DIMS: tuple[tuple[type, int], ...] = (
+    (nn.Conv1d, 1),
+    (nn.Conv2d, 2),
+    (nn.Conv3d, 3),
+    (nn.ConvTranspose1d, 1),
+    (nn.ConvTranspose2d, 2),
+    (nn.ConvTranspose3d, 3),
+)
+_BN_DIMS: tuple[tuple[type, int], ...] = (
+    (nn.BatchNorm1d, 1),
+    (nn.BatchNorm2d, 2),
+    (nn.BatchNorm3d, 3),
+)
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _type_name(obj: object) -> str:
+    return type(obj).__name__
+
+
+def _dims_of(module: object, table: tuple[tuple[type, int], ...]) -> Optional[int]:
+    for cls, dims in table:
+        if isinstance(module, cls):
+            return dims
+    return None
+
+
+def _check_plain(module: nn.Module, role: str) -> None:
+    """Refuse modules whose behaviour a fold would silently change or could not copy."""
+    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters(recurse=False)) or any(
+        isinstance(b, nn.parameter.UninitializedBuffer) for b in module.buffers(recurse=False)
+    ):
+        raise BuilderError(
+            f"cannot fold: the {role} ({_type_name(module)}) is a lazy module that has not been "
+            "initialised yet; run it once on an input first"
+        )
+    if parametrize.is_parametrized(module):
+        raise BuilderError(
+            f"cannot fold: the {role} ({_type_name(module)}) has parametrizations "
+            "(e.g. weight norm); remove them before folding"
+        )
+    hooked = [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
+    if hooked:
+        raise BuilderError(
+            f"cannot fold: the {role} ({_type_name(module)}) has registered hooks "
+            f"({', '.join(hooked)}); folding would change what they observe"
+        )
+
+
+def _check_bn(bn: nn.Module, role: str = "batch norm") -> None:
+    """Checks shared by every ``*_bn`` fold: eval mode, running statistics, no hooks."""
+    if bn.training:
+        raise BuilderError(
+            f"cannot fold {_type_name(bn)} in training mode: it normalises with batch statistics; "
+            "call .eval() on the model first"
+        )
+    if bn.running_mean is None or bn.running_var is None:
+        raise BuilderError(
+            f"cannot fold {_type_name(bn)} without running statistics "
+            "(it was built with track_running_stats=False, so it always uses batch statistics)"
+        )
+    _check_plain(bn, role)
+
+
+def _check_same_device(first: nn.Module, second: nn.Module, what: str) -> None:
+    devices = {t.device for t in (*first.parameters(recurse=False), *first.buffers(recurse=False))}
+    devices |= {t.device for t in (*second.parameters(recurse=False), *second.buffers(recurse=False))}
+    if len(devices) > 1:
+        listed = ", ".join(sorted(str(d) for d in devices))
+        raise BuilderError(f"cannot fold {what}: the modules' tensors are on different devices ({listed})")
+
+
+def _bn_affine(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch norm's weight and bias, or 1 and 0 when it was built with ``affine=False``.
+
+    This is the substitution torch's ``fuse_conv_bn_weights`` makes itself.
+    """
+    weight = bn.weight if bn.weight is not None else torch.ones_like(bn.running_mean)
+    bias = bn.bias if bn.bias is not None else torch.zeros_like(bn.running_mean)
+    return weight, bias
+
+
+def _copy(module: nn.Module) -> nn.Module:
+    try:
+        return copy.deepcopy(module)
+    except Exception as error:  # an attribute that cannot be copied
+        raise BuilderError(f"cannot fold: the {_type_name(module)} cannot be deep-copied ({error})") from error
+
+
+def _finish(fused: nn.Module, weight: torch.Tensor, bias: torch.Tensor, requires_grad: bool) -> nn.Module:
+    """Install the folded parameters on the copy and put it in eval mode."""
+    fused.weight = nn.Parameter(weight.detach(), requires_grad=requires_grad)
+    fused.bias = nn.Parameter(bias.detach(), requires_grad=requires_grad)
+    return fused.eval()
+
+
+def fold_conv_bn(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """Fold an eval-mode batch norm into the convolution that feeds it.
+
+    ``conv`` is an ``nn.Conv1d``/``Conv2d``/``Conv3d`` or ``nn.ConvTranspose1d``/``2d``/``3d``
+    (any stride, padding, padding mode, dilation, groups, output padding, with or without
+    bias); ``bn`` is the ``nn.BatchNorm1d``/``2d``/``3d`` of the same dimensionality that
+    normalises its output, in eval mode, with running statistics, affine or not.
+
+    Returns a new module of the conv's class computing ``bn(conv(x))``: a deep copy of
+    ``conv`` whose weight and bias are replaced by the folded ones (it always has a bias).
+    The values are those of ``torch.nn.utils.fusion.fuse_conv_bn_eval`` bit for bit (the
+    arithmetic is torch's ``fuse_conv_bn_weights``), except that grouped transposed convs,
+    which torch's fuser cannot fold, are folded here with the same formula. Both folded
+    parameters have the dtype of the conv's weight (bias: of its bias, if it has one),
+    the conv's device, and ``requires_grad`` equal to the conv weight's. The result is in
+    eval mode whatever mode ``conv`` is in (a conv behaves the same in both).
+
+    Raises :class:`BuilderError` if the types are wrong, ``bn`` is in training mode or has no
+    running statistics, the channel counts or dimensionalities disagree, the modules are on
+    different devices, or either module is lazy and uninitialised, parametrized, or hooked.
+    """
+    conv_dims = _dims_of(conv, _CONV_DIMS)
+    if conv_dims is None:
+        raise BuilderError(
+            f"fold_conv_bn expects a Conv1d/2d/3d or ConvTranspose1d/2d/3d as its first module, "
+            f"got {_type_name(conv)}"
+        )
+    bn_dims = _dims_of(bn, _BN_DIMS)
+    if bn_dims is None:
+        raise BuilderError(f"fold_conv_bn expects a BatchNorm1d/2d/3d as its second module, got {_type_name(bn)}")
+    if conv_dims != bn_dims:
+        raise BuilderError(
+            f"cannot fold {_type_name(bn)} into {_type_name(conv)}: their dimensionalities differ "
+            f"({bn_dims}d batch norm after a {conv_dims}d convolution)"
+        )
+    _check_bn(bn)
+    _check_plain(conv, "convolution")
+    if bn.num_features != conv.out_channels:
+        raise BuilderError(
+            f"cannot fold {_type_name(bn)} into {_type_name(conv)}: the batch norm has "
+            f"num_features={bn.num_features} but the convolution has out_channels={conv.out_channels}"
+        )
+    _check_same_device(conv, bn, f"{_type_name(bn)} into {_type_name(conv)}")
+
+    transposed = isinstance(conv, nn.modules.conv._ConvTransposeNd)
+    bn_weight, bn_bias = _bn_affine(bn)
+    with torch.no_grad():
+        if transposed and conv.groups > 1:
+            weight, bias = _fold_grouped_transposed(conv, bn, bn_weight, bn_bias)
+        else:
+            weight, bias = fuse_conv_bn_weights(
+                conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn_weight, bn_bias, transposed
+            )
+    return _finish(_copy(conv), weight, bias, conv.weight.requires_grad)
+
+
+def _fold_grouped_transposed(
+    conv: nn.Module, bn: nn.Module, bn_weight: torch.Tensor, bn_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fuse_conv_bn_weights(..., transpose=True)`` generalised to ``groups > 1``.
+
+    A transposed conv's weight has shape ``(in_channels, out_channels // groups, *kernel)``,
+    and output channel ``g * (out_channels // groups) + j`` is produced by the rows of group
+    ``g`` at column ``j``. Torch's fuser scales columns by a vector of length out_channels,
+    which only broadcasts when ``groups == 1``; here the weight is viewed per group first.
+    The arithmetic (operations, order, dtypes) is otherwise exactly torch's.
+    """
+    w = conv.weight
+    groups = conv.groups
+    weight_dtype = w.dtype
+    bias_dtype = conv.bias.dtype if conv.bias is not None else weight_dtype
+    conv_bias = conv.bias if conv.bias is not None else torch.zeros_like(bn.running_mean)
+    rsqrt = torch.rsqrt(bn.running_var + bn.eps)
+    scale = (bn_weight * rsqrt).reshape(groups, 1, -1, *([1] * (w.dim() - 2)))
+    grouped = w.reshape(groups, w.shape[0] // groups, *w.shape[1:])
+    weight = (grouped * scale).reshape(w.shape).to(dtype=weight_dtype)
+    bias = ((conv_bias - bn.running_mean) * rsqrt * bn_weight + bn_bias).to(dtype=bias_dtype)
+    return weight, bias
+
+
+def fold_linear_bn(linear: nn.Module, bn: nn.Module) -> nn.Module:
+    """Fold an eval-mode ``nn.BatchNorm1d`` into the ``nn.Linear`` that feeds it.
+
+    Returns a new ``nn.Linear`` (a deep copy of ``linear``, same class) computing
+    ``bn(linear(x))``, with the values of ``torch.nn.utils.fusion.fuse_linear_bn_eval``
+    bit for bit (the bias always has shape ``(out_features,)``; ``affine=False`` batch norms,
+    which torch's fuser rejects, use weight 1 and bias 0 as the conv fold does). Device, dtype, ``requires_grad`` and eval mode
+    follow the same rules as :func:`fold_conv_bn`.
+
+    Like torch, it accepts ``bn.num_features == linear.out_features`` or
+    ``bn.num_features == 1``. The fold assumes the batch norm's channel dimension is the
+    linear's feature dimension (a 2-D ``(N, features)`` activation), or that the batch
+    norm has a single channel; a rule must not apply it where a 3-D ``(N, C, L)``
+    activation has ``C == out_features`` by coincidence: builders cannot see shapes.
+
+    Raises :class:`BuilderError` on the same conditions as :func:`fold_conv_bn`.
+    """
+    if not isinstance(linear, nn.Linear):
+        raise BuilderError(f"fold_linear_bn expects an nn.Linear as its first module, got {_type_name(linear)}")
+    if not isinstance(bn, nn.BatchNorm1d):
+        raise BuilderError(f"fold_linear_bn expects a BatchNorm1d as its second module, got {_type_name(bn)}")
+    _check_bn(bn)
+    _check_plain(linear, "linear")
+    if bn.num_features not in (linear.out_features, 1):
+        raise BuilderError(
+            f"cannot fold {_type_name(bn)} into {_type_name(linear)}: the batch norm has "
+            f"num_features={bn.num_features} but the linear has out_features={linear.out_features} "
+            "(they must be equal, or num_features must be 1)"
+        )
+    _check_same_device(linear, bn, f"{_type_name(bn)} into {_type_name(linear)}")
+
+    bn_weight, bn_bias = _bn_affine(bn)
+    with torch.no_grad():
+        weight, bias = fuse_linear_bn_weights(
+            linear.weight, linear.bias, bn.running_mean, bn.running_var, bn.eps, bn_weight, bn_bias
+        )
+        if bias.shape != (linear.out_features,):
+            # A one-channel bn after a bias-free linear: torch leaves a bias of shape (1,),
+            # which broadcasts the same but does not fit nn.Linear's state dict. Same values.
+            bias = bias.expand(linear.out_features).clone()
+    return _finish(_copy(linear), weight, bias, linear.weight.requires_grad)
+
+
+#: The public builders by name, as rule files may refer to them.
+BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "fold_conv_bn": fold_conv_bn,
+    "fold_linear_bn": fold_linear_bn,
+}
