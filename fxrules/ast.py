@@ -82,12 +82,23 @@ class Wildcard:
     span: Span = _span()
 
 
-@dataclass(frozen=True, slots=True)
+def _literal_key(value: object) -> tuple:
+    """Equality of literal nodes: same type and same spelling (1, 1.0 and True differ; so do 0.0 and -0.0)."""
+    return (type(value), repr(value) if isinstance(value, float) else value)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Literal:
     """An int, float, str, bool or None, matched by value (``1`` does not match ``True``)."""
 
     value: Union[int, float, str, bool, None]
     span: Span = _span()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Literal and _literal_key(self.value) == _literal_key(other.value)
+
+    def __hash__(self) -> int:
+        return hash(_literal_key(self.value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,10 +212,16 @@ class CName:
     span: Span = _span()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class CLiteral:
     value: Union[int, float, str, bool, None]
     span: Span = _span()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is CLiteral and _literal_key(self.value) == _literal_key(other.value)
+
+    def __hash__(self) -> int:
+        return hash(_literal_key(self.value))
 
 
 @dataclass(frozen=True, slots=True)

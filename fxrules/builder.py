@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast as _pyast
+import warnings
 from typing import Union
 
 from lark import Token, Tree
@@ -21,12 +22,17 @@ class _Builder:
 
     # -- spans ---------------------------------------------------------------
     def span(self, node: _Child) -> A.Span:
+        """A token's own span; a tree's from its first to its last token (the parser keeps no positions)."""
         if isinstance(node, Token):
             return A.Span(self.path, node.line, node.column, node.end_line, node.end_column)
-        meta = node.meta
-        if getattr(meta, "empty", True):
-            return A.Span(self.path, 0, 0, 0, 0)
-        return A.Span(self.path, meta.line, meta.column, meta.end_line, meta.end_column)
+        first = last = node
+        while isinstance(first, Tree):
+            if not first.children:
+                return A.Span(self.path, 0, 0, 0, 0)
+            first = first.children[0]
+        while isinstance(last, Tree):
+            last = last.children[-1]
+        return A.Span(self.path, first.line, first.column, last.end_line, last.end_column)
 
     def span_between(self, first: _Child, last: _Child) -> A.Span:
         a, b = self.span(first), self.span(last)
@@ -158,10 +164,7 @@ class _Builder:
         args, kwargs, builder_args = None, (), None
         if len(lists) == 2:
             builder_pos, builder_kw = self.arglist(lists[0])
-            if builder_kw:
-                raise self.error(lists[0], "bad-replacement",
-                                 "a module builder takes matched node names only, not keyword arguments")
-            builder_args = builder_pos
+            builder_args = builder_pos + builder_kw  # the checker refuses keywords here, with the others
             args, kwargs = self.arglist(lists[1])
         elif len(lists) == 1:
             args, kwargs = self.arglist(lists[0])
@@ -192,6 +195,11 @@ class _Builder:
     def literal(self, tree: Tree):
         kind = tree.data
         ch = tree.children
+        if kind in ("int", "neg_int"):
+            token = ch[-1]
+            if len(token) > MAX_INT_DIGITS and token[:2] not in ("0x", "0X"):
+                raise self.error(token, "unexpected-token",
+                                 f"an integer literal of {len(token)} digits; the limit is {MAX_INT_DIGITS}")
         if kind == "int":
             return _int(ch[0])
         if kind == "neg_int":
@@ -212,9 +220,13 @@ class _Builder:
 
     def string(self, token: Token) -> str:
         try:
-            value = _pyast.literal_eval(str(token))  # a string token only: no names, no calls
-        except (ValueError, SyntaxError) as exc:
-            raise self.error(token, "unexpected-token", f"invalid string literal: {exc.args[0] if exc.args else exc}") from None
+            with warnings.catch_warnings():  # an unknown escape such as "\d" is an error, not a warning
+                warnings.simplefilter("error")
+                value = _pyast.literal_eval(str(token))  # a string token only: no names, no calls
+        except (ValueError, SyntaxError, DeprecationWarning, SyntaxWarning, UnicodeError):
+            raise self.error(token, "unexpected-token",
+                             "invalid escape sequence in this string (valid: \\\\ \\\" \\' \\n \\t \\r "
+                             "\\xHH \\uHHHH \\N{name} ...)") from None
         if not isinstance(value, str):  # pragma: no cover - the STRING terminal admits only str literals
             raise self.error(token, "unexpected-token", "invalid string literal")
         return value
@@ -261,6 +273,10 @@ class _Builder:
 
 def _is_token(node: _Child, kind: str) -> bool:
     return isinstance(node, Token) and node.type == kind
+
+
+MAX_INT_DIGITS = 4000
+"""Longer integer literals are refused (Python itself refuses to convert more than 4300 digits)."""
 
 
 def _int(token: Token) -> int:

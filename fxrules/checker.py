@@ -127,9 +127,43 @@ class _FileChecker:
                        f"the pattern has {len(rule.patterns)} root{'s' * (len(rule.patterns) != 1)} but the "
                        f"replacement has {len(rule.replacements)}",
                        notes=["each pattern root is replaced by the replacement at the same position"])
-        elif rule.patterns == rule.replacements:
+        elif self.canonical(rule.patterns, rule.patterns) == self.canonical(rule.replacements, rule.patterns):
             self.error(rule.span, "identity-rewrite", "the replacement is identical to the pattern, so the rule "
                                                       "could only rewrite forever")
+
+    def canonical(self, exprs: tuple, patterns: tuple) -> tuple:
+        """A comparable form with names expanded and bare replacements given the root's arguments."""
+        out = []
+        for index, expr in enumerate(exprs):
+            root = _unwrap(patterns[index]) if index < len(patterns) else None
+            if isinstance(expr, A.Call) and expr.args is None and isinstance(root, A.Call) and root.op == expr.op:
+                expr = A.Call(expr.op, expr.target, root.args, root.kwargs, expr.attrs, expr.builder_args)
+            out.append(self.canonical_expr(expr))
+        return tuple(out)
+
+    def canonical_expr(self, expr) -> object:
+        if isinstance(expr, A.Call):
+            if expr.op == "call_method":
+                target = expr.target.text
+            elif expr.op == "call_module" and len(expr.target.parts) == 1 and expr.target.parts[0] not in self.aliases:
+                target = "torch.nn." + expr.target.parts[0]
+            else:
+                target = self.full_path(expr.target)
+            return (expr.op, target,
+                    None if expr.args is None else tuple(self.canonical_expr(a) for a in expr.args),
+                    tuple(sorted(((k.name, self.canonical_expr(k.value)) for k in expr.kwargs), key=_first)),
+                    None if expr.attrs is None else tuple(sorted(((k.name, self.canonical_expr(k.value))
+                                                                  for k in expr.attrs), key=_first)),
+                    None if expr.builder_args is None else tuple(self.canonical_expr(a) for a in expr.builder_args))
+        if isinstance(expr, A.Bind):
+            return self.canonical_expr(expr.expr)
+        if isinstance(expr, (A.ListExpr, A.TupleExpr)):
+            return (type(expr).__name__, tuple(self.canonical_expr(i) for i in expr.items))
+        if isinstance(expr, A.Alt):
+            return ("alt", tuple(self.canonical_expr(o) for o in expr.options))
+        if isinstance(expr, A.Name) and len(expr.dotted.parts) > 1:
+            return ("name", self.full_path(expr.dotted))
+        return expr
 
     # -- patterns --------------------------------------------------------------------
     def pattern(self, expr: A.Expr, scope: _Scope, *, root: bool, enclosing: tuple[str, ...]) -> None:
@@ -214,7 +248,8 @@ class _FileChecker:
             if call.builder_args is not None:
                 self.error(call.span, "bad-pattern", "a module builder can only appear in a replacement",
                            notes=["a pattern matches modules by type: `call_module Conv2d(...)`"])
-            module_class = self.module_type(call.target)
+            else:
+                module_class = self.module_type(call.target)
             for keyword in call.attrs or ():
                 self.module_attribute(keyword, module_class, pattern=True)
                 self.attribute_value(keyword.value, scope, pattern=True)
@@ -231,7 +266,7 @@ class _FileChecker:
         positions = [i for i, arg in enumerate(call.args or ()) if isinstance(arg, A.Ellipsis_)]
         for i in positions[1:]:
             self.error(call.args[i].span, "ellipsis-misuse", "`...` may appear only once in an argument list")
-        if positions and positions[0] != len(call.args) - 1:
+        if len(positions) == 1 and positions[0] != len(call.args) - 1:
             self.error(call.args[positions[0]].span, "ellipsis-misuse",
                        "`...` must be the last positional argument")
         if pattern and positions and scope is not None:
@@ -455,6 +490,10 @@ class _FileChecker:
         if call.attrs is not None:
             self.error(call.span, "bad-replacement", "a module builder takes matched modules, not attributes")
         for arg in call.builder_args or ():
+            if isinstance(arg, A.Keyword):
+                self.error(arg.span, "bad-replacement",
+                           "a module builder takes the names of matched modules, not keyword arguments")
+                continue
             if not (isinstance(arg, A.Name) and len(arg.dotted.parts) == 1):
                 self.error(arg.span, "bad-replacement",
                            "a module builder takes the names of matched modules, as in `fold_conv_bn(conv, bn)`")
@@ -594,6 +633,10 @@ class _FileChecker:
                        f"`{module_class.__name__}` has no constructor argument `{keyword.name}`",
                        notes=[f"it takes: {', '.join(sorted(allowed))}"]
                        + ([f"did you mean `{close[0]}`?"] if close else []))
+
+
+def _first(pair: tuple) -> object:
+    return pair[0]
 
 
 def _constructor_signature(module_class: Any) -> Optional[inspect.Signature]:

@@ -65,10 +65,22 @@ def _check(args: argparse.Namespace) -> int:
     diagnostics = diagnostics + found
     texts = {s.path: s.text for s in sources}
     errors = [d for d in diagnostics if d.severity == ERROR]
-    _emit(args.format, diagnostics, texts, files=[s.path for s in sources], rules=len(rule_set))
+    files = sorted({s.path for s in sources} | {d.path for d in diagnostics if d.code in ("io-error", "binary-input",
+                                                                                           "invalid-encoding")})
+    _emit(args.format, diagnostics, texts, files=files, rules=len(rule_set))
     if any(d.code == "io-error" for d in errors):
         return EXIT_USAGE  # a path that does not exist or cannot be read is a usage error
     return EXIT_PROBLEMS if errors else EXIT_OK
+
+
+def _data(text: str) -> str:
+    """Escape a GitHub workflow command's message."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _property(text: str) -> str:
+    """Escape a GitHub workflow command's property value."""
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
 
 
 def _emit(fmt: str, diagnostics: list[Diagnostic], texts: dict[str, str], *, files: list[str], rules: int) -> None:
@@ -84,8 +96,8 @@ def _emit(fmt: str, diagnostics: list[Diagnostic], texts: dict[str, str], *, fil
         for d in diagnostics:
             kind = "error" if d.severity == ERROR else "warning"
             message = d.message + "".join(f" ({n})" for n in d.notes)
-            message = message.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-            print(f"::{kind} file={d.path},line={d.line},col={d.column},title={d.code}::{message}")
+            print(f"::{kind} file={_property(d.path)},line={d.line},col={d.column},title={_property(d.code)}"
+                  f"::{_data(message)}")
         return
     for d in diagnostics:
         print(d.render(texts.get(d.path)))

@@ -105,33 +105,59 @@ def _trace(model: nn.Module, tracer: Optional[fx.Tracer], concrete_args: Optiona
 
 
 def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
-    """Fill meta['val'] of every node by running the graph on fake tensors (real ones as a fallback)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    """Fill meta['val'] of every node by running the graph on fake tensors (real ones as a fallback).
+
+    Neither run touches the caller's tensors or modules: the fake run uses fake copies of modules
+    and attributes; the real fallback runs on copies, with the random number generators forked.
+    """
+    import copy
+
+    from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 
     class _Run(fx.Interpreter):
+        def __init__(self, copy_module, copy_value):
+            super().__init__(nn.Module(), graph=work.graph)
+            self.copy_module, self.copy_value = copy_module, copy_value
+            self.modules_cache: dict = {}
+            self.attrs_cache: dict = {}
+
         def fetch_attr(self, target: str) -> Any:
-            return work.attr_of(target)
+            if target not in self.attrs_cache:
+                self.attrs_cache[target] = self.copy_value(work.attr_of(target))
+            return self.attrs_cache[target]
 
         def call_module(self, target, args, kwargs):
-            return work.module_of(target)(*args, **kwargs)
+            if target not in self.modules_cache:
+                self.modules_cache[target] = self.copy_module(work.module_of(target))
+            return self.modules_cache[target](*args, **kwargs)
 
         def run_node(self, n: fx.Node) -> Any:
             result = super().run_node(n)
-            n.meta["val"] = _as_meta(result) if convert else result
+            n.meta["val"] = _as_meta(result) if real else result
             return result
 
-    holder = nn.Module()
-    convert = False
+    real = False
     try:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
-        fake_inputs = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+
+        def fake_module(module: nn.Module) -> nn.Module:
+            with FakeCopyMode(mode):
+                return copy.deepcopy(module)
+
+        def fake_value(value: Any) -> Any:
+            return mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
+
+        fake_inputs = [fake_value(t) for t in example_inputs]
         with mode:
-            _Run(holder, graph=work.graph).run(*fake_inputs)
+            _Run(fake_module, fake_value).run(*fake_inputs)
     except Exception:
-        convert = True
+        real = True
         try:
-            with torch.no_grad():
-                _Run(holder, graph=work.graph).run(*example_inputs)
+            def clone(value: Any) -> Any:
+                return value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                _Run(copy.deepcopy, clone).run(*[clone(t) for t in example_inputs])
         except Exception as exc:
             raise ModelError(f"the model does not run on the example inputs: {type(exc).__name__}: {exc}") from exc
     work.has_values = True

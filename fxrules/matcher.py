@@ -109,19 +109,20 @@ class _Matcher:
     def match(self, pattern: Any, value: Any) -> bool:
         kind = type(pattern)
         if kind is PCapture:
-            return self.capture(pattern.name, value)
+            return self.capture(pattern.name, value, pattern.span)
         if kind is PCall:
             return self.call(pattern, value)
         if kind is PWildcard:
             return True
         if kind is PLiteral:
             return _same_literal(pattern.value, value) or self.fail(
-                f"expected {pattern.value!r}, found {_show(value)}")
+                f"expected the literal {pattern.value!r}, found {_show(value)}", pattern.span)
         if kind is PConst:
-            return _same_constant(pattern.value, value) or self.fail(f"expected {pattern.label}, found {_show(value)}")
+            return _same_constant(pattern.value, value) or self.fail(
+                f"expected {pattern.label}, found {_show(value)}", pattern.span)
         if kind is PSeq:
             if not isinstance(value, (list, tuple)) or len(value) != len(pattern.items):
-                return self.fail(f"expected a sequence of {len(pattern.items)}, found {_show(value)}")
+                return self.fail(f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
             return all(self.match(p, v) for p, v in zip(pattern.items, value))
         if kind is PBind:
             if not self.match(pattern.inner, value):
@@ -134,7 +135,7 @@ class _Matcher:
                 self.env.pending_refs.append((pattern.name, value))
                 return True
             return bound is value or self.fail(f"expected the node named `{pattern.name}` ({_show(bound)}), "
-                                               f"found {_show(value)}")
+                                               f"found {_show(value)}", pattern.span)
         if kind is PAlt:
             for option in pattern.options:
                 state = self.env.snapshot()
@@ -146,21 +147,21 @@ class _Matcher:
             return self.get_attr(pattern, value)
         raise AssertionError(kind)  # pragma: no cover
 
-    def capture(self, name: str, value: Any) -> bool:
+    def capture(self, name: str, value: Any, span: Optional[A.Span] = None) -> bool:
         bound = self.env.captures.get(name, _MISSING)
         if bound is _MISSING:
             self.env.captures[name] = value
             return True
         if _same_value(bound, value):
             return True
-        return self.fail(f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}")
+        return self.fail(f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
 
     def get_attr(self, pattern: PGetAttr, value: Any) -> bool:
         if not isinstance(value, fx.Node) or value.op != "get_attr":
             return self.fail(f"expected a get_attr node, found {_show(value)}", pattern.span)
         if pattern.qualname is not None and value.target != pattern.qualname:
             return self.fail(f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
-        if pattern.capture is not None and not self.capture(pattern.capture, value):
+        if pattern.capture is not None and not self.capture(pattern.capture, value, pattern.span):
             return False
         self.env.attrs[value] = None
         return True

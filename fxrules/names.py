@@ -151,6 +151,10 @@ class Resolver:
                 continue
             except AttributeError:
                 pass
+            except ImportError as exc:  # a lazy attribute that imports, e.g. fxrules.builders needs torch
+                if exc.name == "torch" or not torch_available():
+                    return Resolution("unavailable", path, message="torch is not installed")
+                return Resolution("unknown-target", path, message=f"`{path}` does not resolve: {exc}")
             except Exception as exc:  # a lazy attribute that fails
                 return Resolution("unknown-target", path, message=f"`{path}` does not resolve: {exc}")
             prefix = ".".join(parts[: i + 1])
@@ -158,6 +162,10 @@ class Resolver:
                 try:
                     value = importlib.import_module(prefix)
                     continue
+                except ImportError as exc:
+                    if exc.name == "torch" or not torch_available():  # e.g. fxrules.builders needs torch
+                        return Resolution("unavailable", path, message="torch is not installed")
+                    return Resolution("unknown-target", path, message=f"cannot import `{prefix}`: {exc}")
                 except Exception as exc:
                     return Resolution("unknown-target", path, message=f"cannot import `{prefix}`: {exc}")
             owner = ".".join(parts[:i])

@@ -7,6 +7,7 @@ later, recursive stages overflow the stack.
 
 from __future__ import annotations
 
+import sys
 import threading
 from importlib import resources
 from typing import Iterator, Optional
@@ -40,46 +41,66 @@ class _TooDeep(Exception):
         self.what = what
 
 
+class _Context:
+    """Where the post-lexer is in the current statement; read by syntax error messages."""
+
+    __slots__ = ("prev", "last", "brackets", "popped", "statement", "seen_arrow", "seen_as", "in_condition")
+
+    def __init__(self) -> None:
+        self.prev = self.last = None
+        self.popped: Optional[str] = None  # the bracket the last token closed
+        self.brackets: list[str] = []  # open bracket token types, innermost last
+        self.statement: Optional[str] = None  # type of the statement's first token
+        self.seen_arrow = self.seen_as = self.in_condition = False
+
+
+_CLOSER = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
+
+
 class _Newlines:
     """Post-lexer: newlines inside brackets are whitespace; runs of newlines are one."""
 
     always_accept = ("_NL", "ARROW")  # `->` stays one token even where `-` is expected
 
     def __init__(self) -> None:
-        self.history = threading.local()  # the last two tokens, for error messages
+        self.local = threading.local()  # this thread's current _Context
+
+    @property
+    def context(self) -> _Context:
+        return getattr(self.local, "context", None) or _Context()
 
     def process(self, stream: Iterator[lark.Token]) -> Iterator[lark.Token]:
-        history = self.history
-        history.tokens = (None, None)
-        depth = 0
-        in_condition = False
+        ctx = self.local.context = _Context()
+        brackets = ctx.brackets
         operators = 0  # in the current condition: chains build nested trees, so they are bounded too
-        last_was_newline = True  # drops newlines at the start of the file
         for token in stream:
             kind = token.type
             if kind == "_NL":
-                if depth > 0 or last_was_newline:
+                if brackets or ctx.last is None or ctx.last.type == "_NL":
                     continue
-                last_was_newline = True
-                history.tokens = (history.tokens[1], token)
-                yield token
-                continue
-            if kind == "WHERE":
-                in_condition, operators = True, 0
-            elif kind == "ARROW":
-                in_condition = False
-            elif in_condition and kind in _CONDITION_OPERATORS:
-                operators += 1
-                if operators > MAX_CONDITION_OPERATORS:
-                    raise _TooDeep(token, f"a condition with more than {MAX_CONDITION_OPERATORS} operators")
-            if kind in _OPEN:
-                depth += 1
-                if depth > MAX_DEPTH:
-                    raise _TooDeep(token, f"brackets nested more than {MAX_DEPTH} deep")
-            elif kind in _CLOSE and depth > 0:
-                depth -= 1
-            last_was_newline = False
-            history.tokens = (history.tokens[1], token)
+                if ctx.last.type not in ("ARROW", "COLON"):  # after those, the statement goes on
+                    ctx.statement = None
+                    ctx.seen_arrow = ctx.seen_as = ctx.in_condition = False
+            else:
+                if ctx.statement is None:
+                    ctx.statement = kind
+                if kind == "WHERE":
+                    ctx.in_condition, operators = True, 0
+                elif kind == "ARROW":
+                    ctx.in_condition, ctx.seen_arrow = False, True
+                elif kind == "AS":
+                    ctx.seen_as = True
+                elif ctx.in_condition and kind in _CONDITION_OPERATORS:
+                    operators += 1
+                    if operators > MAX_CONDITION_OPERATORS:
+                        raise _TooDeep(token, f"a condition with more than {MAX_CONDITION_OPERATORS} operators")
+                if kind in _OPEN:
+                    brackets.append(kind)
+                    if len(brackets) > MAX_DEPTH:
+                        raise _TooDeep(token, f"brackets nested more than {MAX_DEPTH} deep")
+                elif kind in _CLOSE and brackets:
+                    ctx.popped = brackets.pop()
+            ctx.prev, ctx.last = ctx.last, token
             yield token
 
 
@@ -88,16 +109,25 @@ _parser: Optional[lark.Lark] = None
 _postlex = _Newlines()
 
 
+RECURSION_LIMIT = 10_000
+"""The stages after the parser recurse once or a few times per nesting level; at MAX_DEPTH
+brackets that exceeds Python's default limit of 1000 frames, so the first parse raises the
+limit to this (never lowers it). Python 3.11+ runs Python-to-Python calls without deepening
+the C stack, so the higher limit is safe."""
+
+
 def _get_parser() -> lark.Lark:
     global _parser
     with _lock:
+        if sys.getrecursionlimit() < RECURSION_LIMIT:
+            sys.setrecursionlimit(RECURSION_LIMIT)
         if _parser is None:
             _parser = lark.Lark(
                 grammar_text(),
                 parser="lalr",
                 lexer="contextual",
                 postlex=_postlex,
-                propagate_positions=True,
+                propagate_positions=False,  # fxrules.builder derives spans from tokens: much faster
                 maybe_placeholders=False,
                 cache=False,
             )
@@ -160,35 +190,95 @@ def _expected_words(expected: set[str]) -> str:
     words = sorted(_WORDS.get(e, e) for e in expected)
     if len(words) == 1:
         return words[0]
+    if len(words) == 2:
+        return f"{words[0]} or {words[1]}"
     if len(words) > 6:
-        words = words[:6] + ["..."]
-    return "one of " + ", ".join(words)
+        return "one of " + ", ".join(words[:6]) + ", ..."
+    return "one of " + ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def _expectation(expected: set[str], previous: Optional[lark.Token]) -> str:
     """Phrase the common cases the way a person would."""
     prev = previous.type if previous is not None else None
-    if "ARROW" in expected and "WHERE" in expected:
-        return "expected `->` after the pattern (or `where` and a condition)"
-    if "ARROW" in expected:
-        return "expected `->` after the pattern"
-    if expected == {"COLON"} or ("COLON" in expected and prev in ("NAME", "RSQB", "STRING")):
-        return "expected `:` after the rule's name"
-    if prev == "ARROW":
-        return "expected a replacement after `->`"
-    if prev == "WHERE":
-        return "expected a condition after `where`"
-    if prev in ("CALL_FUNCTION", "CALL_MODULE") and "NAME" in expected:
-        return f"expected a target name after `{previous}`"
-    if prev == "CALL_METHOD":
-        return "expected a method name after `call_method`"
     if prev == "RULE":
         return "expected the rule's name after `rule`"
     if prev == "USE":
         return "expected a dotted module path after `use`"
     if prev == "AS":
         return "expected a name after `as`"
+    if prev == "DEFAULT":
+        return "expected `[` and a contract after `default`, as in `default [changes]`"
+    if prev in ("CALL_FUNCTION", "CALL_MODULE"):
+        return f"expected a target name after `{previous}`"
+    if prev == "CALL_METHOD":
+        return "expected a method name after `call_method`"
+    if prev == "GET_ATTR":
+        return "expected `$name`, `_` or an attribute path after `get_attr`"
+    if prev == "WHERE":
+        return "expected a condition after `where`"
+    if prev == "ARROW":
+        return "expected a replacement after `->`"
+    if prev == "EQUAL":
+        return "expected a value after `=`"
+    if expected and expected <= {"DOT", "AS"}:
+        return "expected `as` and an alias after the module path"
+    if "ARROW" in expected and "WHERE" in expected:
+        return "expected `->` after the pattern (or `where` and a condition)"
+    if "ARROW" in expected:
+        return "expected `->` after the pattern"
+    if "COLON" in expected and prev in ("NAME", "RSQB", "STRING") and "LPAR" not in expected:
+        return "expected `:` after the rule's name"
     return "expected " + _expected_words(expected)
+
+
+_VALUE_END = {"NAME", "INT", "FLOAT", "STRING", "CAPTURE", "RPAR", "RSQB", "RBRACE", "TRUE", "FALSE", "NONE",
+              "WILDCARD", "ELLIPSIS"}
+
+
+def _state_expected(exc: UnexpectedInput, fallback: set[str]) -> set[str]:
+    """What may come next: the parser state's terminals, narrowed by what the post-lexer knows.
+
+    LALR merges states, so a state's lookaheads can name tokens that cannot follow here
+    (`->` inside brackets, `]` closing a `(`); the bracket stack and the statement's
+    progress remove those.
+    """
+    state = getattr(exc, "state", None)
+    expected = set(fallback)
+    try:
+        expected = set(state.parse_conf.parse_table.states[state.position].keys())
+    except Exception:
+        pass
+    ctx = _postlex.context
+    brackets = list(ctx.brackets)
+    token = getattr(exc, "token", None)
+    if token is not None and token is ctx.last:  # the bracket state before the offending token
+        if token.type in _OPEN and brackets:
+            brackets.pop()
+        elif token.type in _CLOSE and ctx.popped:
+            brackets.append(ctx.popped)
+    expected = {e for e in expected if e.isupper() or e in ("_NL", "$END")}
+    if brackets:  # inside brackets: statements cannot end here, only the innermost bracket closes
+        expected -= {"ARROW", "WHERE", "_NL", "$END", "COLON"}
+        expected -= {c for c in _CLOSE if c != _CLOSER[brackets[-1]]}
+        previous = _previous(token)
+        if not ctx.in_condition and previous is not None and previous.type in _VALUE_END:
+            narrowed = expected & {"COMMA", _CLOSER[brackets[-1]], "BAR", "AS", "DOT", "LPAR", "LBRACE", "EQUAL"}
+            expected = narrowed or expected
+    else:
+        expected -= _CLOSE
+    if ctx.seen_arrow:
+        expected -= {"ARROW", "WHERE", "AS", "BAR"}
+    if ctx.statement == "USE":
+        expected = expected & {"DOT", "AS", "NAME", "_NL", "$END"} if not ctx.seen_as else {"NAME"} & expected or expected
+        if not ctx.seen_as:
+            expected.discard("_NL")
+            expected.discard("$END")
+    return expected or set(fallback)
+
+
+def _previous(exc_token: Optional[lark.Token]) -> Optional[lark.Token]:
+    ctx = _postlex.context
+    return ctx.prev if (exc_token is not None and ctx.last is exc_token) else ctx.last
 
 
 def _syntax_diagnostic(source: Source, text: str, exc: UnexpectedInput) -> Diagnostic:
@@ -205,32 +295,50 @@ def _syntax_diagnostic(source: Source, text: str, exc: UnexpectedInput) -> Diagn
                               "`$` must be followed by a capture name, as in `$x`",
                               end_line=line, end_column=column + 1)
         shown = char if char.isprintable() and not char.isspace() else f"U+{ord(char):04X}" if char else "?"
+        expected = _state_expected(exc, set(exc.allowed or ()))
         return Diagnostic(path, line, column, "invalid-character",
-                          f"unexpected character `{shown}`; expected " + _expected_words(set(exc.allowed or ())),
+                          f"unexpected character `{shown}`; {_expectation(expected, _previous(None))}",
                           end_line=line, end_column=column + 1)
     if isinstance(exc, UnexpectedToken):
         token = exc.token
-        previous = getattr(_postlex.history, "tokens", (None, None))[0]
-        expected = set(exc.expected or ())
+        previous = _previous(token)
+        expected = _state_expected(exc, set(exc.expected or ()))
         if token.type == "$END":
-            line, column = _end_position(source.text)
-            return Diagnostic(path, line, column, "unexpected-end",
-                              "the file ends in the middle of a rule; " + _expectation(expected, previous),
+            line, column = _after(previous) if previous is not None else _end_position(source.text)
+            message = "the file ends in the middle of a rule; " + _expectation(expected, previous)
+            if source.text.rstrip().endswith("\\"):
+                message = "the file ends with a line continuation `\\` that continues nothing"
+            return Diagnostic(path, line, column, "unexpected-end", message,
                               end_line=line, end_column=column + 1)
         line, column = token.line, token.column
         end_line = getattr(token, "end_line", line) or line
         end_column = getattr(token, "end_column", column + 1) or column + 1
-        if token.type == "_NL":  # the caret goes just after the line's last character
+        if token.type == "_NL":  # the caret goes just after the line's last token
+            if previous is not None:
+                line, column = _after(previous)
             end_line, end_column = line, column + 1
-        return Diagnostic(path, line, column, "unexpected-token",
-                          f"{_expectation(expected, previous)}, found {_found(token)}",
+        message = f"{_expectation(expected, previous)}, found {_found(token)}"
+        if previous is not None and previous.type == "NAME" and str(previous) in ("rule", "use", "default"):
+            message = (f"`{previous}` is read as a name here, so the line before it must be unfinished "
+                       f"(nothing after `->`?); {message}")
+        if token.type == "LSQB" and previous is not None and previous.type == "COLON":
+            message += " (a rule's contract goes before the colon: `rule NAME [exact]:`)"
+        return Diagnostic(path, line, column, "unexpected-token", message,
                           end_line=end_line, end_column=end_column)
     if isinstance(exc, UnexpectedEOF):
-        line, column = _end_position(source.text)
+        previous = _previous(None)
+        line, column = _after(previous) if previous is not None else _end_position(source.text)
         return Diagnostic(path, line, column, "unexpected-end",
                           "the file ends in the middle of a rule; expected " + _expected_words(set(exc.expected or ())),
                           end_line=line, end_column=column + 1)
     return Diagnostic(path, 1, 1, "unexpected-token", str(exc).splitlines()[0] if str(exc) else "syntax error")
+
+
+def _after(token: lark.Token) -> tuple[int, int]:
+    """The position just after a token."""
+    if token.type == "_NL":
+        return token.line, token.column
+    return token.end_line or token.line, token.end_column or token.column + 1
 
 
 def _end_position(text: str) -> tuple[int, int]:

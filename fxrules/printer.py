@@ -35,8 +35,11 @@ Conditions
     ``not`` < comparisons (which do not chain: ``(a < b) < c``) < ``+ -`` <
     ``* / // %`` < unary ``-`` < postfix (``.attr``, ``[i]``, ``(args)``).
     ``and``/``or``/arithmetic are left-associative, so a right operand of the
-    same precedence is parenthesized. A numeric literal before ``.attr`` is
-    parenthesized (``(1).real``: ``1.real`` would lex as the float ``1.``).
+    same precedence is parenthesized. An integer before ``.attr`` is followed
+    by a space (``1 .real``: ``1.real`` would lex as the float ``1.``) rather
+    than parenthesized, so the printer never writes more brackets or operators
+    than the source had, and a condition within the parser's operator limit
+    (``MAX_CONDITION_OPERATORS``) stays within it once formatted.
 
 Literals
     Strings print double-quoted with Python escapes (``\\"``, ``\\\\``, ``\\n``,
@@ -291,8 +294,8 @@ def _expand_cond(node: object, minimum: int) -> list:
         case A.CUnary(operand=operand):
             return ["-", (operand, _NEG)]
         case A.CAttr(value=value, attr=attr):
-            if isinstance(value, A.CLiteral) and _is_number(value.value):
-                return ["(", (value, 0), ")." + attr]
+            if _is_plain_int(value):
+                return [(value, _POSTFIX), " ." + attr]  # `1.real` would lex as `1.` `real`
             return [(value, _POSTFIX), "." + attr]
         case A.CIndex(value=value, index=index):
             return [(value, _POSTFIX), "[", (index, 0), "]"]
@@ -364,8 +367,12 @@ def string_literal(text: str) -> str:
     return "".join(out)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_plain_int(cond: object) -> bool:
+    """A condition that prints as digits only, such as ``1`` (not ``True``, not ``-1``)."""
+    if not isinstance(cond, A.CLiteral):
+        return False
+    value = cond.value
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _is_negative_number(value: object) -> bool:

@@ -11,7 +11,7 @@ Compiling needs torch; it happens once per rule set (cached on the RuleSet).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from . import ast as A
@@ -28,6 +28,7 @@ from .rules import CheckedRule, RuleSet
 @dataclass(frozen=True, slots=True)
 class PCapture:
     name: str
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,22 +39,26 @@ class PWildcard:
 @dataclass(frozen=True, slots=True)
 class PLiteral:
     value: Any
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class PConst:
     value: Any
     label: str
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class PRef:
     name: str
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class PSeq:
     items: tuple
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,17 +215,18 @@ class _Compiler:
     # -- patterns ----------------------------------------------------------------
     def pattern(self, expr: A.Expr) -> Pattern:
         if isinstance(expr, A.Capture):
-            return PCapture(expr.name)
+            return PCapture(expr.name, expr.span)
         if isinstance(expr, A.Wildcard):
             return PWildcard()
         if isinstance(expr, A.Literal):
-            return PLiteral(expr.value)
+            return PLiteral(expr.value, expr.span)
         if isinstance(expr, A.Name):
             if len(expr.dotted.parts) == 1:
-                return PRef(expr.dotted.parts[0])
-            return PConst(self.resolve(self.full(expr.dotted), expr.span, "unknown-target"), expr.dotted.text)
+                return PRef(expr.dotted.parts[0], expr.span)
+            return PConst(self.resolve(self.full(expr.dotted), expr.span, "unknown-target"), expr.dotted.text,
+                          expr.span)
         if isinstance(expr, (A.ListExpr, A.TupleExpr)):
-            return PSeq(tuple(self.pattern(i) for i in expr.items))
+            return PSeq(tuple(self.pattern(i) for i in expr.items), expr.span)
         if isinstance(expr, A.Alt):
             return PAlt(tuple(self.pattern(o) for o in expr.options))
         if isinstance(expr, A.Bind):

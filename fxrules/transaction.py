@@ -364,7 +364,8 @@ def _to_fake(mode: Any, value: Any) -> Any:
 
 
 def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+    """``LeakyReLU`` -> ``leaky_relu``, ``GELU`` -> ``gelu``, ``BatchNorm2d`` -> ``batch_norm2d``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
 def _joined_name(targets: list) -> str:
