@@ -279,11 +279,16 @@ class _Session:
                                          decision)
                 continue
             try:
-                entry, touched = apply_match(self.work, result, decision)
+                outcome = apply_match(self.work, result, decision)
             except (RewriteError, RewriteLoopError):
                 raise
             except Exception as exc:
                 raise self.error(program, node, f"building the replacement raised {type(exc).__name__}: {exc}") from exc
+            if isinstance(outcome, str):  # a builder declined these modules
+                rejected[key] = Rejected(program.name, program.rule.source, tuple(n.name for n in result.nodes),
+                                         outcome)
+                continue
+            entry, touched = outcome
             rejected.pop(key, None)
             applied.append(entry)
             recent.append(program.name)

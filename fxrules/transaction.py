@@ -157,6 +157,49 @@ class _Builder:
         self.created: list[fx.Node] = []
         self.meta_source: fx.Node = match.roots[0]
         self.reused_names: set[str] = set()
+        self.premade: dict = {}  # id(RCall) -> (module, reference module, base name)
+
+    def make_modules(self) -> Optional[str]:
+        """Construct every module the replacement needs, before the graph is touched.
+
+        Returns None, or why the match is refused: a builder raising
+        :class:`fxrules.builders.BuilderError` declines these inputs (any other exception is
+        a failure and propagates).
+        """
+        from .builders import BuilderError
+
+        stack = list(self.match.program.replacements)
+        while stack:
+            item = stack.pop()
+            if isinstance(item, RSeq):
+                stack.extend(item.items)
+                continue
+            if not isinstance(item, RCall):
+                continue
+            stack.extend(item.args or ())
+            stack.extend(v for _, v in item.kwargs)
+            spec = item.target
+            root = self.match.roots[item.root_index]
+            if isinstance(spec, RBuilder):
+                nodes = [self.env.names[name] for name in spec.names]
+                inputs = [self.work.module_of(n.target) for n in nodes]
+                try:
+                    module = spec.function(*inputs)
+                except BuilderError as exc:
+                    return f"builder {spec.label} declined: {exc}"
+                if not isinstance(module, nn.Module):
+                    raise TypeError(f"builder {spec.label} returned {type(module).__name__}, not an nn.Module")
+                reference = inputs[0] if inputs else None
+                base = _joined_name([n.target for n in nodes])
+            elif isinstance(spec, RNewModule):
+                kwargs = {name: self.constructor_value(v) for name, v in spec.attrs}
+                module = spec.cls(**kwargs)
+                reference = self.work.module_of(root.target) if root.op == "call_module" else None
+                base = _snake(spec.cls.__name__)
+            else:
+                continue
+            self.premade[id(item)] = (_place_like(module, reference, self.work.training), reference, base)
+        return None
 
     def value(self, item: Any) -> Any:
         if isinstance(item, RValue):
@@ -196,20 +239,9 @@ class _Builder:
         nodes: list = []
         if isinstance(spec, RReuse):
             return self.env.names[spec.name].target
+        module, reference, base = self.premade[id(item)]
         if isinstance(spec, RBuilder):
             nodes = [self.env.names[name] for name in spec.names]
-            inputs = [self.work.module_of(n.target) for n in nodes]
-            module = spec.function(*inputs)
-            if not isinstance(module, nn.Module):
-                raise TypeError(f"builder {spec.label} returned {type(module).__name__}, not an nn.Module")
-            reference = inputs[0] if inputs else None
-            base = _joined_name([n.target for n in nodes])
-        else:
-            kwargs = {name: self.constructor_value(v) for name, v in spec.attrs}
-            module = spec.cls(**kwargs)
-            reference = self.work.module_of(root.target) if root.op == "call_module" else None
-            base = _snake(spec.cls.__name__)
-        module = _place_like(module, reference, self.work.training)
         # Readable names: the new module takes the name of the module it replaces (a builder's first
         # input, else the root's) when no node outside the match still calls that name.
         if isinstance(spec, RBuilder) and nodes:
@@ -242,9 +274,12 @@ class _Builder:
         node.meta["fxrules"] = {"rule": rule.name, "source": rule.source}
 
 
-def apply_match(work: Workpiece, match: Match, plan: Plan) -> tuple[Applied, set]:
-    """Rewrite one match. Returns the report entry and the nodes to revisit."""
+def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | str":
+    """Rewrite one match. Returns the report entry and the nodes to revisit, or why a builder declined."""
     builder = _Builder(work, match)
+    declined = builder.make_modules()
+    if declined is not None:
+        return declined
     graph = work.graph
     with graph.inserting_before(plan.anchor):
         new_values = [builder.value(r) for r in match.program.replacements]

@@ -1233,3 +1233,29 @@ def test_transformer_graph_shrinks_only_where_rules_apply(cleanup):
     assert {"call_function", "call_method", "call_module", "get_attr"} <= kinds
     assert [n.target for n in gm.graph.nodes if n.op == "get_attr"] == ["pos"]
     assert sum(1 for m in gm.modules() if isinstance(m, nn.LayerNorm)) == 3
+
+
+def test_a_builder_that_declines_rejects_the_match_and_the_run_goes_on():
+    """fxrules.builders.BuilderError means "not these modules": the match is refused and reported."""
+    rules = fxrules.parse_rules(
+        "rule fold_any [approx]:\n"
+        "    call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn\n"
+        "    -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)\n"
+        "rule relu_idem: call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)\n",
+        source="declines.fxr")
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.bn = nn.BatchNorm2d(4)  # training mode: fold_conv_bn declines
+
+        def forward(self, x):
+            return torch.relu(torch.relu(self.bn(self.conv(x))))
+
+    model = M().train()
+    result = fxrules.apply_rules(model, rules)
+    assert result.counts == {"relu_idem": 1}
+    [rejection] = result.report.rejected
+    assert rejection.rule == "fold_any" and "declined" in rejection.reason and "training" in rejection.reason
+    assert isinstance(result.module.bn, nn.BatchNorm2d)
