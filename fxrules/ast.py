@@ -269,6 +269,18 @@ class CBinary:
 Cond = Union[CCapture, CName, CLiteral, CAttr, CIndex, CCall, CList, CUnary, CBinary]
 
 
+def name_chain(cond: Cond) -> Optional[tuple[str, ...]]:
+    """``a.b.c`` as ``("a", "b", "c")`` when ``cond`` is an attribute chain on a bare name, else None."""
+    parts: list[str] = []
+    while isinstance(cond, CAttr):
+        parts.append(cond.attr)
+        cond = cond.value
+    if isinstance(cond, CName):
+        parts.append(cond.name)
+        return tuple(reversed(parts))
+    return None
+
+
 # ---------------------------------------------------------------------------
 # Rules and files
 # ---------------------------------------------------------------------------

@@ -335,7 +335,7 @@ class _FileChecker:
         elif isinstance(cond, A.CLiteral):
             pass
         elif isinstance(cond, A.CAttr):
-            chain = _name_chain(cond)
+            chain = A.name_chain(cond)
             if chain is not None and chain[0] not in scope.names:
                 head = A.CName(chain[0], cond.span)
                 if self.is_module_head(chain[0]):
@@ -390,7 +390,7 @@ class _FileChecker:
                               "a Python function can be named by its dotted path, as in `mypkg.preds.is_small($x)`"]
                        + ([f"did you mean `{close[0]}`?"] if close else []))
             return
-        chain = _name_chain(func)
+        chain = A.name_chain(func)
         if chain is None:
             # a method on a value, e.g. `$x.is_contiguous()`
             if isinstance(func, A.CAttr) and isinstance(func.value, A.CCapture) and func.attr in CAPTURE_ATTRIBUTES:
@@ -665,18 +665,6 @@ def _suggest(path: str, resolver: Resolver) -> Optional[str]:
         return None
     close = difflib.get_close_matches(last, candidates, n=1)
     return f"{owner}.{close[0]}" if close else None
-
-
-def _name_chain(cond: A.Cond) -> Optional[tuple[str, ...]]:
-    """``a.b.c`` as a tuple of names when ``cond`` is an attribute chain on a bare name."""
-    parts: list[str] = []
-    while isinstance(cond, A.CAttr):
-        parts.append(cond.attr)
-        cond = cond.value
-    if isinstance(cond, A.CName):
-        parts.append(cond.name)
-        return tuple(reversed(parts))
-    return None
 
 
 def _unwrap(expr: A.Expr) -> A.Expr:

@@ -150,7 +150,7 @@ class Evaluator:
                 return self.names[cond.name]
             return self.constant((cond.name,))
         if kind is A.CAttr:
-            chain = _chain(cond)
+            chain = A.name_chain(cond)
             if chain is not None and chain[0] not in self.names:
                 return self.constant(chain)
             base = self.value(cond.value)
@@ -189,12 +189,12 @@ class Evaluator:
             return PREDICATES[func.name](*[self.predicate_arg(a) for a in args])
         if isinstance(func, A.CName) and func.name in CONDITION_FUNCTIONS:
             return CONDITION_FUNCTIONS[func.name](*[_plain(self, a) for a in args])
-        if isinstance(func, A.CAttr) and _chain(func) is None:  # a method on a value: `$x.is_contiguous()`
+        if isinstance(func, A.CAttr) and A.name_chain(func) is None:  # a method on a value: `$x.is_contiguous()`
             base = self.value(func.value)
             if isinstance(base, fx.Node):
                 base = self.node_value(base, func.attr)
             return getattr(base, func.attr)(*args)
-        chain = _chain(func)
+        chain = A.name_chain(func)
         function = self.constant(chain)
         return function(*[self.predicate_arg(a) for a in args])
 
@@ -218,14 +218,3 @@ def _plain(evaluator: Evaluator, value: Any) -> Any:
     if isinstance(value, fx.Node):
         return evaluator.node_value(value)
     return value
-
-
-def _chain(cond: A.Cond) -> Optional[tuple]:
-    parts = []
-    while isinstance(cond, A.CAttr):
-        parts.append(cond.attr)
-        cond = cond.value
-    if isinstance(cond, A.CName):
-        parts.append(cond.name)
-        return tuple(reversed(parts))
-    return None

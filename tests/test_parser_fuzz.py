@@ -36,6 +36,7 @@ from hypothesis.extra.lark import from_lark
 
 from fxrules import builder, parser, printer, source
 from fxrules.errors import RuleFileError
+from tests.ast_shape import shape
 
 PATH = "<fuzz>"
 
@@ -44,26 +45,6 @@ def front_end(text: str) -> object:
     """The pipeline under test: text to RuleFile, or RuleFileError."""
     src = source.Source(PATH, text)
     return builder.build(parser.parse_tree(src), src)
-
-
-def shape(node: object) -> list:
-    """A flat pre-order listing that tells apart literals ``==`` confuses (1, 1.0, True)."""
-    out: list = []
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if dataclasses.is_dataclass(item):
-            values = [getattr(item, f.name) for f in dataclasses.fields(item) if f.compare]
-            out.append((type(item).__name__, len(values)))
-            stack.extend(reversed(values))
-        elif isinstance(item, tuple):
-            out.append(("tuple", len(item)))
-            stack.extend(reversed(item))
-        elif isinstance(item, float):
-            out.append(("float", repr(item)))
-        else:
-            out.append((type(item).__name__, item))
-    return out
 
 
 def check(text: str) -> bool:

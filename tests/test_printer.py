@@ -31,6 +31,7 @@ from fxrules import ast as A
 from fxrules import builder, parser, printer
 from fxrules.errors import RuleFileError
 from fxrules.source import Source
+from tests.ast_shape import shape
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH = "<test>"
@@ -39,27 +40,6 @@ PATH = "<test>"
 def parse(text: str, path: str = PATH) -> A.RuleFile:
     source = Source(path, text)
     return builder.build(parser.parse_tree(source), source)
-
-
-def shape(node: object) -> list:
-    """A flat pre-order listing of ``node``: equal for two ASTs exactly when they are the
-    same, the types of literal values included. Iterative, for very deep ASTs."""
-    out: list = []
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if dataclasses.is_dataclass(item):
-            values = [getattr(item, f.name) for f in dataclasses.fields(item) if f.compare]
-            out.append((type(item).__name__, len(values)))
-            stack.extend(reversed(values))
-        elif isinstance(item, tuple):
-            out.append(("tuple", len(item)))
-            stack.extend(reversed(item))
-        elif isinstance(item, float):
-            out.append(("float", repr(item)))
-        else:
-            out.append((type(item).__name__, item))
-    return out
 
 
 def assert_round_trip(rule_file: A.RuleFile) -> str:
