@@ -36,6 +36,12 @@ from .predicates import CONDITION_FUNCTIONS, PREDICATE_NAMES
 CONDITION_FUNCTION_NAMES = frozenset(CONDITION_FUNCTIONS)
 from .rules import CheckedRule
 
+NEVER_CREATED = frozenset({
+    "builtins.getattr", "builtins.setattr", "builtins.delattr", "builtins.type", "builtins.vars",
+    "operator.attrgetter", "operator.methodcaller", "operator.call", "operator.itemgetter",
+})
+"""Targets a replacement may not create: with them a rule could reach any attribute or callable at run time."""
+
 CAPTURE_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
 """What a condition may read from a captured value (tensor metadata)."""
 
@@ -460,8 +466,16 @@ class _FileChecker:
                        "a whole replacement", notes=["give it arguments, as in `call_function torch.relu($x)`"])
         if call.op == "call_function":
             self.function_target(call.target)
+            path = self.full_path(call.target) if len(call.target.parts) > 1 else f"builtins.{call.target.text}"
+            if path in NEVER_CREATED:
+                self.error(call.target.span, "forbidden-target",
+                           f"a replacement may not create calls to `{path}`: it reaches arbitrary attributes or "
+                           f"callables when the model runs", notes=["patterns may still match such calls"])
         elif call.op == "call_method":
             self.method_target(call.target)
+            if call.target.parts[0].startswith("__"):
+                self.error(call.target.span, "forbidden-target",
+                           f"a replacement may not call the dunder method `{call.target.text}`")
         elif call.builder_args is not None:
             self.builder(call, scope)
         elif len(call.target.parts) == 1 and call.target.parts[0] in scope.names:

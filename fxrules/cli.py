@@ -19,6 +19,10 @@ from .names import Resolver
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
 
+class _UsageError(Exception):
+    """A problem with how fxrules was called; printed as one line, exit 2."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors exit 2 with one line, as argparse does
         self.print_usage(sys.stderr)
@@ -37,7 +41,8 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--format", choices=("text", "json", "github"), default="text",
                        help="text for people, json for machines, github for workflow annotations")
     check.add_argument("--allow-import", action="append", default=[], metavar="PKG",
-                       help="allow rule files to name modules of PKG (may be repeated)")
+                       help="allow rule files to name modules of PKG (may be repeated; also read from "
+                            "allow-imports in the [tool.fxrules] table of the nearest pyproject.toml)")
     check.set_defaults(run=_check)
 
     apply = commands.add_parser("apply", help="apply rules to a model and print what they did",
@@ -59,9 +64,42 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def project_allow_imports(start: Optional[str] = None) -> list[str]:
+    """``allow-imports`` from the ``[tool.fxrules]`` table of the nearest pyproject.toml above ``start``."""
+    import os
+    import tomllib
+
+    directory = os.path.abspath(start or os.getcwd())
+    while True:
+        candidate = os.path.join(directory, "pyproject.toml")
+        if os.path.isfile(candidate):
+            try:
+                with open(candidate, "rb") as handle:
+                    table = tomllib.load(handle).get("tool", {}).get("fxrules", {})
+            except (OSError, tomllib.TOMLDecodeError) as exc:
+                raise _UsageError(f"cannot read {candidate}: {exc}") from None
+            value = table.get("allow-imports", [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise _UsageError(f"{candidate}: [tool.fxrules] allow-imports must be a list of package names")
+            return value
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return []
+        directory = parent
+
+
+def _allowed(args: argparse.Namespace) -> list[str]:
+    return list(args.allow_import) + project_allow_imports()
+
+
 def _check(args: argparse.Namespace) -> int:
+    try:
+        allowed = _allowed(args)
+    except _UsageError as exc:
+        print(f"fxrules: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     sources, diagnostics = read_sources(args.paths)
-    rule_set, found = analyze(sources, Resolver(args.allow_import))
+    rule_set, found = analyze(sources, Resolver(allowed))
     diagnostics = diagnostics + found
     texts = {s.path: s.text for s in sources}
     errors = [d for d in diagnostics if d.severity == ERROR]
@@ -150,8 +188,6 @@ def _shape(text: str) -> tuple:
     return dims
 
 
-class _UsageError(Exception):
-    pass
 
 
 def _apply(args: argparse.Namespace) -> int:
@@ -159,7 +195,10 @@ def _apply(args: argparse.Namespace) -> int:
     from .errors import FxrulesError, RuleFileError
 
     try:
-        rules = load_rules(*args.paths, allow_imports=args.allow_import)
+        rules = load_rules(*args.paths, allow_imports=_allowed(args))
+    except _UsageError as exc:
+        print(f"fxrules: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except RuleFileError as exc:
         print(exc.render(), file=sys.stderr)
         return EXIT_USAGE

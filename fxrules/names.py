@@ -148,6 +148,10 @@ class Resolver:
                                   message=f"`{path}` names a dunder attribute; rule files may not")
             try:
                 value = getattr(value, part)
+                if isinstance(value, type(sys)) and not self.allowed(value.__name__):
+                    return Resolution("forbidden-target", path,
+                                      message=f"`{'.'.join(parts[:i + 1])}` is the module `{value.__name__}`, "
+                                              f"which rule files may not reach")
                 continue
             except AttributeError:
                 pass
@@ -170,7 +174,39 @@ class Resolver:
                     return Resolution("unknown-target", path, message=f"cannot import `{prefix}`: {exc}")
             owner = ".".join(parts[:i])
             return Resolution("unknown-target", path, message=f"`{owner}` has no attribute `{part}`")
+        origin = _origin_problem(value, self)
+        if origin is not None:
+            return Resolution("forbidden-target", path, message=f"`{path}` {origin}")
         return Resolution("ok", path, value)
+
+
+_MODULE_ALIASES = {"_operator": "operator", "posixpath": "os", "ntpath": "os", "posix": "os", "nt": "os"}
+
+
+def _origin_problem(value: Any, resolver: "Resolver") -> Optional[str]:
+    """Why a resolved object may not be named: it is defined in a module outside the policy.
+
+    A name under an allowed root can still reach other modules' objects through re-exports
+    (``some_torch_module.os.system``); the object's own module decides.
+    """
+    if isinstance(value, type(sys)):
+        if not resolver.allowed(value.__name__):
+            return f"is the module `{value.__name__}`, which rule files may not reach"
+        return None
+    if not callable(value):
+        return None
+    module = getattr(value, "__module__", None)
+    if not isinstance(module, str):
+        return None
+    root = module.split(".", 1)[0]
+    root = _MODULE_ALIASES.get(root, root)
+    qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", "")
+    origin = f"{root}{'.' + module.split('.', 1)[1] if '.' in module else ''}.{qualname}"
+    if is_forbidden(origin) or is_forbidden(f"{root}.{qualname}"):
+        return f"is `{origin}`, which executes code or touches the system"
+    if not resolver.allowed(root) and root not in ("typing", "abc", "functools", "collections", "enum"):
+        return f"is defined in `{module}`, outside the import allow-list"
+    return None
 
 
 def _locatable(name: str) -> bool:

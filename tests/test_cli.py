@@ -463,3 +463,20 @@ def test_two_thousand_rules(capsys):
     assert len(rules) == 2000
     assert rules.names == [f"r{i}" for i in range(2000)]
     assert rules["r3"].contract == "approx" and rules["r1"].contract == "exact" and rules["r2"].contract == "changes"
+
+
+def test_allow_imports_come_from_the_nearest_pyproject(tmp_path, monkeypatch):
+    """[tool.fxrules] allow-imports in pyproject.toml works like --allow-import."""
+    from fxrules.cli import main
+
+    rule = tmp_path / "r.fxr"
+    rule.write_text("rule r: call_function json.dumps($x) -> $x\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", str(rule)]) == 1  # json is not on the allow-list
+    (tmp_path / "pyproject.toml").write_text('[tool.fxrules]\nallow-imports = ["json"]\n', encoding="utf-8")
+    nested = tmp_path / "sub"
+    nested.mkdir()
+    monkeypatch.chdir(nested)
+    assert main(["check", str(rule)]) == 0
+    (tmp_path / "pyproject.toml").write_text('[tool.fxrules]\nallow-imports = "json"\n', encoding="utf-8")
+    assert main(["check", str(rule)]) == 2
