@@ -16,7 +16,7 @@ resolves them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 CONTRACTS = ("exact", "approx", "changes")
 """Contract words, strictest first. ``approx`` is the default."""
@@ -24,9 +24,12 @@ CONTRACTS = ("exact", "approx", "changes")
 OPCODES = ("call_function", "call_method", "call_module", "get_attr")
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """A region of a source file; lines and columns are 1-based, end exclusive."""
+class Span(NamedTuple):
+    """A region of a source file; lines and columns are 1-based, end exclusive.
+
+    A named tuple rather than a dataclass: the builder makes one per AST node, and tuples
+    are several times cheaper to create.
+    """
 
     path: str
     line: int

@@ -1,8 +1,8 @@
 """Text to parse tree: the Lark LALR parser for ``grammar/fxr.lark``, and syntax diagnostics.
 
-Newlines end statements except inside brackets; a small post-lexer drops them
-there (as Python does) and enforces a nesting limit, so no input can make the
-later, recursive stages overflow the stack.
+Newlines end statements except inside brackets; the lexer drops them there (as
+Python does) and enforces nesting limits, so no input can make the later,
+recursive stages overflow the stack.
 """
 
 from __future__ import annotations
@@ -57,31 +57,93 @@ class _Context:
 _CLOSER = {"LPAR": "RPAR", "LSQB": "RSQB", "LBRACE": "RBRACE"}
 
 
-class _Newlines:
-    """Post-lexer: newlines inside brackets are whitespace; runs of newlines are one."""
+_CONTEXT = threading.local()  # this thread's current _Context, read by error messages
 
-    always_accept = ("_NL", "ARROW")  # `->` stays one token even where `-` is expected
 
-    def __init__(self) -> None:
-        self.local = threading.local()  # this thread's current _Context
+def _context() -> _Context:
+    return getattr(_CONTEXT, "context", None) or _Context()
 
-    @property
-    def context(self) -> _Context:
-        return getattr(self.local, "context", None) or _Context()
 
-    def process(self, stream: Iterator[lark.Token]) -> Iterator[lark.Token]:
-        ctx = self.local.context = _Context()
+class _Lexer(lark.lexer.Lexer):
+    """The lexer: the grammar's terminals as one regular expression, keywords chosen by parser state.
+
+    The terminal patterns come from the grammar; this class adds only what a lexer decides:
+    the longest punctuation wins (`->` over `-`, `//` over `/`), a word is a keyword only
+    where the parser accepts that keyword (`torch.where`, `call_method where` and
+    `default=` stay names, as with Lark's contextual lexer), newlines inside brackets are
+    whitespace and runs of newlines are one, and nesting is bounded. It is several times
+    faster than Lark's contextual lexer, which tries a regular expression per parser state.
+    """
+
+    __future_interface__ = 2
+
+    def __init__(self, lexer_conf) -> None:
+        import re
+
+        from lark.lexer import PatternStr
+
+        self.ignore = frozenset(lexer_conf.ignore)
+        word = re.compile(r"[^\W\d]\w*\Z")
+        self.keywords: dict[str, str] = {}
+        punctuation, regexes = [], {}
+        for terminal in lexer_conf.terminals:
+            pattern = terminal.pattern
+            if isinstance(pattern, PatternStr) and word.match(pattern.value):
+                self.keywords[pattern.value] = terminal.name
+            elif isinstance(pattern, PatternStr):
+                punctuation.append((terminal.name, pattern.value))
+            else:
+                regexes[terminal.name] = pattern.to_regexp()
+        order = ["_NL", "WS", "LINE_CONTINUATION", "COMMENT", "STRING", "FLOAT", "INT", "CAPTURE", "NAME"]
+        missing = set(regexes) ^ set(order)
+        if missing:  # a new regex terminal in the grammar must be placed here deliberately
+            raise AssertionError(f"fxrules.parser._Lexer does not know where to put {sorted(missing)}")
+        parts = [f"(?P<{name}>{regexes[name]})" for name in order]
+        parts += [f"(?P<{name}>{re.escape(value)})"
+                  for name, value in sorted(punctuation, key=lambda item: -len(item[1]))]
+        self.master = re.compile("|".join(parts))
+
+    def lex(self, lexer_state, parser_state) -> Iterator[lark.Token]:
+        text_slice = lexer_state.text
+        text, pos, end = text_slice.text, text_slice.start, text_slice.end
+        states = parser_state.parse_conf.parse_table.states
+        ctx = _CONTEXT.context = _Context()
         brackets = ctx.brackets
+        keywords, ignore, match = self.keywords, self.ignore, self.master.match
+        new_token = lark.Token._future_new  # skips Token.__new__'s keyword-compatibility shim
+        line, line_start = 1, 0
         operators = 0  # in the current condition: chains build nested trees, so they are bounded too
-        for token in stream:
-            kind = token.type
+        while pos < end:
+            m = match(text, pos)
+            if m is None:
+                raise UnexpectedCharacters(text, pos, line, pos - line_start + 1,
+                                           allowed=set(states[parser_state.position]), state=parser_state)
+            kind = m.lastgroup
+            value = m.group()
+            start = pos
+            pos = m.end()
+            if kind in ignore:
+                newlines = value.count("\n")
+                if newlines:
+                    line += newlines
+                    line_start = start + value.rindex("\n") + 1
+                continue
+            column = start - line_start + 1
             if kind == "_NL":
+                token = new_token(kind, value, start, line, column, line, column + 1, pos)
+                line += value.count("\n")
+                line_start = start + value.rindex("\n") + 1
                 if brackets or ctx.last is None or ctx.last.type == "_NL":
                     continue
                 if ctx.last.type not in ("ARROW", "COLON"):  # after those, the statement goes on
                     ctx.statement = None
                     ctx.seen_arrow = ctx.seen_as = ctx.in_condition = False
             else:
+                if kind == "NAME":
+                    keyword = keywords.get(value)
+                    if keyword is not None and keyword in states[parser_state.position]:
+                        kind = keyword
+                token = new_token(kind, value, start, line, column, line, column + len(value), pos)
                 if ctx.statement is None:
                     ctx.statement = kind
                 if kind == "WHERE":
@@ -106,7 +168,6 @@ class _Newlines:
 
 _lock = threading.Lock()
 _parser: Optional[lark.Lark] = None
-_postlex = _Newlines()
 
 
 RECURSION_LIMIT = 10_000
@@ -125,8 +186,7 @@ def _get_parser() -> lark.Lark:
             _parser = lark.Lark(
                 grammar_text(),
                 parser="lalr",
-                lexer="contextual",
-                postlex=_postlex,
+                lexer=_Lexer,
                 propagate_positions=False,  # fxrules.builder derives spans from tokens: much faster
                 maybe_placeholders=False,
                 cache=False,
@@ -248,7 +308,7 @@ def _state_expected(exc: UnexpectedInput, fallback: set[str]) -> set[str]:
         expected = set(state.parse_conf.parse_table.states[state.position].keys())
     except Exception:
         pass
-    ctx = _postlex.context
+    ctx = _context()
     brackets = list(ctx.brackets)
     token = getattr(exc, "token", None)
     if token is not None and token is ctx.last:  # the bracket state before the offending token
@@ -277,7 +337,7 @@ def _state_expected(exc: UnexpectedInput, fallback: set[str]) -> set[str]:
 
 
 def _previous(exc_token: Optional[lark.Token]) -> Optional[lark.Token]:
-    ctx = _postlex.context
+    ctx = _context()
     return ctx.prev if (exc_token is not None and ctx.last is exc_token) else ctx.last
 
 
