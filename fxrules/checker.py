@@ -341,6 +341,9 @@ class _FileChecker:
         elif isinstance(cond, A.CLiteral):
             pass
         elif isinstance(cond, A.CAttr):
+            if cond.attr.startswith("__"):
+                self.error(cond.span, "forbidden-target", f"a condition may not read the dunder attribute `{cond.attr}`")
+                return
             chain = A.name_chain(cond)
             if chain is not None and chain[0] not in scope.names:
                 head = A.CName(chain[0], cond.span)
@@ -409,6 +412,12 @@ class _FileChecker:
                        notes=[f"`{chain[0]}` is a matched node"])
             return
         path = expand(chain, self.aliases) or ".".join(chain)
+        if path.startswith("builtins.") or path in NEVER_CREATED:
+            self.error(func.span, "forbidden-target",
+                       f"a condition may not call `{path}`",
+                       notes=[f"the pure builtins a condition may call by bare name: "
+                              f"{', '.join(sorted(CONDITION_FUNCTION_NAMES))}"])
+            return
         resolution = self.resolver.resolve(path)
         if resolution.is_error:
             self.report(func.span, resolution, "unknown-predicate")

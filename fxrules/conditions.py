@@ -38,6 +38,10 @@ class MissingMetadata(Exception):
         self.attr = attr
 
 
+class NotApplicable(Exception):
+    """A condition asked a value for something it does not have (the dtype of an int): it does not hold."""
+
+
 class TensorInfo:
     """Shape, dtype and device of a node's value, read from its meta."""
 
@@ -116,7 +120,10 @@ class Evaluator:
         self.resolver = resolver
 
     def truth(self, cond: A.Cond) -> bool:
-        return bool(self.value(cond))
+        try:
+            return bool(self.value(cond))
+        except NotApplicable:
+            return False
 
     def node_value(self, node: Any, attr: Optional[str] = None) -> Any:
         """What a node stands for in a condition (see the module docstring)."""
@@ -127,9 +134,11 @@ class Evaluator:
         if node.op == "call_module" and attr not in _CAPTURE_ATTRS:
             return self.module_of(node.target)
         info = tensor_info(node)
-        if info is None:
-            raise MissingMetadata(node, attr or "value")
-        return info
+        if info is not None:
+            return info
+        if "val" in node.meta:  # not a tensor: the value itself
+            return node.meta["val"]
+        raise MissingMetadata(node, attr or "value")
 
     def value(self, cond: A.Cond) -> Any:
         kind = type(cond)
@@ -141,9 +150,11 @@ class Evaluator:
                 if value.op == "get_attr":
                     return self.attr_of(value.target)
                 info = tensor_info(value)
-                if info is None:
-                    raise MissingMetadata(value, "shape/dtype")
-                return info
+                if info is not None:
+                    return info
+                if "val" in value.meta:  # a node whose value is not a tensor (an int from x.size(0))
+                    return value.meta["val"]
+                raise MissingMetadata(value, "shape/dtype")
             return value
         if kind is A.CName:
             if cond.name in self.names:
@@ -156,6 +167,10 @@ class Evaluator:
             base = self.value(cond.value)
             if isinstance(base, fx.Node):
                 base = self.node_value(base, cond.attr)
+            if cond.attr.startswith("__"):  # the checker refuses these; never evaluate one
+                raise NameError(f"a condition may not read `{cond.attr}`")
+            if cond.attr in _CAPTURE_ATTRS and not hasattr(base, cond.attr):
+                raise NotApplicable(cond.attr)
             result = getattr(base, cond.attr)
             if cond.attr in ("numel",) and callable(result):
                 return result()
@@ -183,7 +198,10 @@ class Evaluator:
         raise AssertionError(kind)  # pragma: no cover
 
     def call(self, cond: A.CCall) -> Any:
-        args = [self.value(a) for a in cond.args]
+        # A captured node passed straight to a function need not have metadata: the function
+        # gets the node itself then (built-in predicates answer False for it).
+        args = [self.captures[a.name] if isinstance(a, A.CCapture) and _bare_node(self.captures[a.name])
+                else self.value(a) for a in cond.args]
         func = cond.func
         if isinstance(func, A.CName) and func.name in PREDICATES:
             return PREDICATES[func.name](*[self.predicate_arg(a) for a in args])
@@ -212,6 +230,12 @@ class Evaluator:
         if not resolution.ok:
             raise NameError(resolution.message or f"`{path}` does not resolve")
         return resolution.value
+
+
+def _bare_node(value: Any) -> bool:
+    """A node without tensor metadata or a value (predicate_arg decides what to pass for it)."""
+    return isinstance(value, fx.Node) and value.op != "get_attr" and tensor_info(value) is None \
+        and "val" not in value.meta
 
 
 def _plain(evaluator: Evaluator, value: Any) -> Any:

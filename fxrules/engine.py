@@ -14,6 +14,7 @@ raises :class:`RewriteLoopError` after ``max_iterations`` rewrites.
 from __future__ import annotations
 
 import heapq
+import threading
 import itertools
 import time
 from collections import Counter
@@ -87,11 +88,16 @@ def prepare(model: Any, *, tracer: Optional[fx.Tracer] = None, concrete_args: Op
     return work
 
 
+_TRACE_LOCK = threading.Lock()
+"""One torch.fx trace at a time in this process: overlapping traces corrupt each other."""
+
+
 def _trace(model: nn.Module, tracer: Optional[fx.Tracer], concrete_args: Optional[dict]) -> Workpiece:
     tracer = tracer if tracer is not None else fx.Tracer()
     before = set(model.__dict__) | set(model._parameters) | set(model._buffers) | set(model._modules)
     try:
-        graph = tracer.trace(model, concrete_args)
+        with _TRACE_LOCK:  # torch.fx patches nn.Module.__call__ globally while it traces
+            graph = tracer.trace(model, concrete_args)
     except Exception as exc:
         raise ModelError(f"{type(model).__name__} does not trace with torch.fx ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else exc}); pass a torch.fx.GraphModule or a "
@@ -129,7 +135,8 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
         def call_module(self, target, args, kwargs):
             if target not in self.modules_cache:
                 self.modules_cache[target] = self.copy_module(work.module_of(target))
-            return self.modules_cache[target](*args, **kwargs)
+            # forward, not __call__: while another thread traces, torch.fx patches Module.__call__
+            return self.modules_cache[target].forward(*args, **kwargs)
 
         def run_node(self, n: fx.Node) -> Any:
             result = super().run_node(n)

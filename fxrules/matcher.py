@@ -216,7 +216,7 @@ class _Matcher:
                 return True
             self.env.restore(state)
             return False
-        return self.fail(f"the arguments of {_show(node)} do not fit the signature the pattern uses", pattern.span)
+        return self.positional_arguments(pattern, node)  # the call does not fit the signature: compare as written
 
     def bound_arguments(self, pattern: PCall, node: fx.Node, sig, expected: dict, actual: dict) -> bool:
         for param in sig.parameters:

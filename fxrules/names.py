@@ -108,9 +108,14 @@ class Resolver:
         self._lock = threading.Lock()
 
     def allowed(self, path: str) -> bool:
+        """Whether ``path`` is inside an allowed root or an allowed package."""
         if path.split(".", 1)[0] in ALLOWED_ROOTS:
             return True
         return any(path == p or path.startswith(p + ".") for p in self.allow_imports)
+
+    def on_the_way(self, module: str) -> bool:
+        """Whether ``module`` is allowed or a parent package of an allowed one (imported with it anyway)."""
+        return self.allowed(module) or any(p.startswith(module + ".") for p in self.allow_imports)
 
     def resolve(self, path: str) -> Resolution:
         with self._lock:
@@ -148,7 +153,7 @@ class Resolver:
                                   message=f"`{path}` names a dunder attribute; rule files may not")
             try:
                 value = getattr(value, part)
-                if isinstance(value, type(sys)) and not self.allowed(value.__name__):
+                if isinstance(value, type(sys)) and not self.on_the_way(value.__name__):
                     return Resolution("forbidden-target", path,
                                       message=f"`{'.'.join(parts[:i + 1])}` is the module `{value.__name__}`, "
                                               f"which rule files may not reach")
@@ -190,7 +195,7 @@ def _origin_problem(value: Any, resolver: "Resolver") -> Optional[str]:
     (``some_torch_module.os.system``); the object's own module decides.
     """
     if isinstance(value, type(sys)):
-        if not resolver.allowed(value.__name__):
+        if not resolver.on_the_way(value.__name__):
             return f"is the module `{value.__name__}`, which rule files may not reach"
         return None
     if not callable(value):
@@ -200,11 +205,12 @@ def _origin_problem(value: Any, resolver: "Resolver") -> Optional[str]:
         return None
     root = module.split(".", 1)[0]
     root = _MODULE_ALIASES.get(root, root)
+    module = root + ("." + module.split(".", 1)[1] if "." in module else "")
     qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", "")
-    origin = f"{root}{'.' + module.split('.', 1)[1] if '.' in module else ''}.{qualname}"
+    origin = f"{module}.{qualname}"
     if is_forbidden(origin) or is_forbidden(f"{root}.{qualname}"):
         return f"is `{origin}`, which executes code or touches the system"
-    if not resolver.allowed(root) and root not in ("typing", "abc", "functools", "collections", "enum"):
+    if not resolver.allowed(module) and root not in ("typing", "abc", "functools", "collections", "enum"):
         return f"is defined in `{module}`, outside the import allow-list"
     return None
 

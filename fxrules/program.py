@@ -260,9 +260,8 @@ class _Compiler:
             bound = signatures.bind(sig, positional, dict(keywords), partial=rest)
             if bound is not None:
                 overloads.append((sig, {name: _seq(value) for name, value in bound.items()}))
-        if sigs and not overloads:
-            raise self.fail(call.span, "bad-pattern",
-                            f"these arguments do not fit any signature of `{call.target.text}`")
+        # No signature fits (e.g. `x.reshape(2, -1)`: the method takes *shape, torch.reshape a
+        # tuple): compare the arguments as written. The checker accepted the rule, so it must apply.
         return PCall(call.op, targets, call.target.text, positional, keywords, rest, tuple(overloads), attrs, call.span)
 
     # -- replacements ----------------------------------------------------------------

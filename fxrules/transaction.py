@@ -257,8 +257,12 @@ class _Builder:
         return self.work.add_module(base, module)
 
     def _only_matched_use(self, target: str) -> bool:
+        """No node outside the match calls ``target`` or reads an attribute inside it."""
         matched = self.env.nodes
-        return all(n in matched for n in self.work.graph.find_nodes(op="call_module", target=target))
+        if not all(n in matched for n in self.work.graph.find_nodes(op="call_module", target=target)):
+            return False
+        prefix = target + "."
+        return not any(n.target.startswith(prefix) for n in self.work.graph.find_nodes(op="get_attr"))
 
     def constructor_value(self, item: Any) -> Any:
         value = self.value(item)
