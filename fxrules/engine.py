@@ -135,8 +135,11 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
         def call_module(self, target, args, kwargs):
             if target not in self.modules_cache:
                 self.modules_cache[target] = self.copy_module(work.module_of(target))
-            # forward, not __call__: while another thread traces, torch.fx patches Module.__call__
-            return self.modules_cache[target].forward(*args, **kwargs)
+            # _call_impl (hooks and forward), not __call__: while another thread traces, torch.fx
+            # patches nn.Module.__call__
+            module = self.modules_cache[target]
+            call = getattr(module, "_call_impl", None) or module.forward
+            return call(*args, **kwargs)
 
         def run_node(self, n: fx.Node) -> Any:
             result = super().run_node(n)

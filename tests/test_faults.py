@@ -582,3 +582,51 @@ def test_two_threads_tracing_at_once():
     assert report["same"] == {"resnet": True, "mlp": True}
     assert report["restored"], "nn.Module.__call__ is still patched after the runs"
     assert report["plain_call"] == "ok"
+
+
+# ---------------------------------------------------------------------------
+# metadata from example inputs is what the model computes, hooks included
+# ---------------------------------------------------------------------------
+
+
+class HookedLinear(nn.Module):
+    """A Linear whose forward hook reshapes its (N, 12) output to (N, 3, 4), then a flatten:
+    the flatten is real (3-D to 2-D), although Linear.forward alone returns a 2-D tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 12)
+        self.fc.register_forward_hook(lambda module, args, out: out.reshape(out.shape[0], 3, 4))
+
+    def forward(self, x):
+        return torch.flatten(self.fc(x), 1)
+
+
+class PreHookedLinear(nn.Module):
+    """A Linear(12, 4) whose forward pre-hook flattens its (N, 3, 4) input, then a flatten (a no-op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 4)
+        self.fc.register_forward_pre_hook(lambda module, args: (args[0].flatten(1),))
+
+    def forward(self, x):
+        return torch.flatten(self.fc(x), 1)
+
+
+@pytest.mark.parametrize("build, shape, expected", [
+    (HookedLinear, (2, 4), {}),  # the flatten is real: flatten_2d_noop must not remove it
+    (PreHookedLinear, (2, 3, 4), {"flatten_2d_noop": 1}),  # the model runs only with its pre-hook
+], ids=["forward_hook", "forward_pre_hook"])
+def test_example_inputs_run_module_hooks(build, shape, expected):
+    """Shape metadata must come from running submodules as the model runs them (``__call__``,
+    hooks included), or a typed rule decides on shapes the model never has."""
+    model = seeded(build).eval()
+    x = randn(*shape)
+    with torch.no_grad():
+        reference = model(x)
+    rules = fxrules.load_rules(RULES_DIR).select(names=["flatten_2d_noop"])
+    result = fxrules.apply_rules(model, rules, example_inputs=(x,))
+    assert result.counts == expected
+    with torch.no_grad():
+        assert_close(result.module(x), reference, rtol=0, atol=0)

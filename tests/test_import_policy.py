@@ -242,6 +242,9 @@ SMUGGLING = {
                    ' [MARKER]))',
     "map_getattr_filter": 'any(builtins.filter(builtins.getattr(builtins.getattr(torch.nn.functional.torch, "os"),'
                           ' "mkdir"), [MARKER])) or True',
+    # no getattr: indexing a list launders the static name chain into a value whose attributes
+    # are read at run time; a higher-order function under torch calls what was reached
+    "tree_map_index": 'torch.utils._pytree.tree_map([torch.nn.functional.torch][0].os.mkdir, [MARKER]) or True',
 }
 
 
