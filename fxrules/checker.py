@@ -348,13 +348,18 @@ class _FileChecker:
             if chain is not None and chain[0] not in scope.names:
                 head = A.CName(chain[0], cond.span)
                 if self.is_module_head(chain[0]):
-                    self.constant(A.Dotted(chain, cond.span))
+                    self.condition_constant(A.Dotted(chain, cond.span))
                 else:
                     self.condition_name(head, scope)
                 return
             if isinstance(cond.value, A.CCapture) and cond.attr not in CAPTURE_ATTRIBUTES:
                 self.error(cond.span, "unknown-attribute", f"a capture has no attribute `{cond.attr}`",
                            notes=[f"captures expose: {', '.join(sorted(CAPTURE_ATTRIBUTES))}"])
+            elif chain is None and cond.attr not in CAPTURE_ATTRIBUTES and not _rooted_at_name(cond.value):
+                self.error(cond.span, "forbidden-target",
+                           f"a condition may read only tensor metadata from a computed value, not `{cond.attr}`",
+                           notes=[f"metadata: {', '.join(sorted(CAPTURE_ATTRIBUTES))}; module attributes are read "
+                                  f"through a name bound with `as` (`bn.training`)"])
             self.condition(cond.value, scope)
         elif isinstance(cond, A.CIndex):
             self.condition(cond.value, scope)
@@ -372,6 +377,17 @@ class _FileChecker:
 
     def is_module_head(self, name: str) -> bool:
         return name in self.aliases or name in BUILTIN_ALIASES
+
+    def condition_constant(self, dotted: A.Dotted) -> None:
+        """A dotted constant in a condition: it must resolve, and not to a module (a value to reach through)."""
+        if self.alias_reported(dotted):
+            return
+        resolution = self.resolver.resolve(self.full_path(dotted))
+        if resolution.is_error:
+            self.report(dotted.span, resolution, "unknown-target")
+        elif resolution.ok and isinstance(resolution.value, type(A)):
+            self.error(dotted.span, "forbidden-target",
+                       f"a condition may not use the module `{dotted.text}` as a value")
 
     def condition_name(self, cond: A.CName, scope: _Scope) -> None:
         if cond.name in PREDICATE_NAMES or cond.name in CONDITION_FUNCTIONS:
@@ -412,7 +428,7 @@ class _FileChecker:
                        notes=[f"`{chain[0]}` is a matched node"])
             return
         path = expand(chain, self.aliases) or ".".join(chain)
-        if path.startswith("builtins.") or path in NEVER_CREATED:
+        if path.startswith("builtins.") or path in NEVER_CREATED or any(p.startswith("_") for p in path.split(".")):
             self.error(func.span, "forbidden-target",
                        f"a condition may not call `{path}`",
                        notes=[f"the pure builtins a condition may call by bare name: "
@@ -656,6 +672,13 @@ class _FileChecker:
                        f"`{module_class.__name__}` has no constructor argument `{keyword.name}`",
                        notes=[f"it takes: {', '.join(sorted(allowed))}"]
                        + ([f"did you mean `{close[0]}`?"] if close else []))
+
+
+def _rooted_at_name(cond: A.Cond) -> bool:
+    """An attribute chain on a bare name (``bn.weight``), possibly indexed (``conv.kernel_size[0]``)."""
+    while isinstance(cond, (A.CAttr, A.CIndex)):
+        cond = cond.value
+    return isinstance(cond, A.CName)
 
 
 def _first(pair: tuple) -> object:

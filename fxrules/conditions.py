@@ -22,7 +22,8 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable, Optional
 
-from torch import fx
+import torch
+from torch import fx, nn
 
 from . import ast as A
 from .names import expand
@@ -119,11 +120,16 @@ class Evaluator:
         self.aliases = aliases
         self.resolver = resolver
 
-    def truth(self, cond: A.Cond) -> bool:
+    def holds(self, cond: A.Cond) -> bool:
+        """A whole `where` line: a value without the metadata it asks for (an int's dtype) makes it false,
+        whatever `not`s surround that read."""
         try:
-            return bool(self.value(cond))
+            return self.truth(cond)
         except NotApplicable:
             return False
+
+    def truth(self, cond: A.Cond) -> bool:
+        return bool(self.value(cond))
 
     def node_value(self, node: Any, attr: Optional[str] = None) -> Any:
         """What a node stands for in a condition (see the module docstring)."""
@@ -165,15 +171,21 @@ class Evaluator:
             if chain is not None and chain[0] not in self.names:
                 return self.constant(chain)
             base = self.value(cond.value)
+            from_module = isinstance(base, fx.Node) and base.op == "call_module" and cond.attr not in _CAPTURE_ATTRS
             if isinstance(base, fx.Node):
                 base = self.node_value(base, cond.attr)
             if cond.attr.startswith("__"):  # the checker refuses these; never evaluate one
                 raise NameError(f"a condition may not read `{cond.attr}`")
-            if cond.attr in _CAPTURE_ATTRS and not hasattr(base, cond.attr):
-                raise NotApplicable(cond.attr)
+            if cond.attr in _CAPTURE_ATTRS:
+                if not hasattr(base, cond.attr):
+                    raise NotApplicable(cond.attr)
+            elif not (from_module or isinstance(base, (nn.Module, torch.Tensor))):
+                raise NameError(f"a condition may read only tensor metadata from a computed value, not `{cond.attr}`")
             result = getattr(base, cond.attr)
             if cond.attr in ("numel",) and callable(result):
                 return result()
+            if cond.attr not in _CAPTURE_ATTRS and callable(result) and not isinstance(result, torch.Tensor):
+                raise NameError(f"a condition may read data attributes of modules, not the method `{cond.attr}`")
             return result
         if kind is A.CIndex:
             base = self.value(cond.value)
@@ -211,6 +223,8 @@ class Evaluator:
             base = self.value(func.value)
             if isinstance(base, fx.Node):
                 base = self.node_value(base, func.attr)
+            if func.attr not in _CAPTURE_ATTRS or not isinstance(base, (TensorInfo, torch.Tensor)):
+                raise NameError(f"a condition may call only metadata methods of a value, not `{func.attr}`")
             return getattr(base, func.attr)(*args)
         chain = A.name_chain(func)
         function = self.constant(chain)
@@ -229,6 +243,8 @@ class Evaluator:
         resolution = self.resolver.resolve(path)
         if not resolution.ok:
             raise NameError(resolution.message or f"`{path}` does not resolve")
+        if isinstance(resolution.value, type(operator)):
+            raise NameError(f"a condition may not use the module `{path}` as a value")
         return resolution.value
 
 

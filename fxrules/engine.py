@@ -25,6 +25,7 @@ from torch import fx, nn
 
 from .conditions import Evaluator, MissingMetadata
 from .errors import FxrulesError
+from .parser import ensure_recursion_limit
 from .matcher import GraphView, Match, Miss, match_program
 from .planner import Plan, plan
 from .program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
@@ -205,6 +206,7 @@ class _Session:
     """One engine run over one workpiece."""
 
     def __init__(self, work: Workpiece, rule_set: RuleSet):
+        ensure_recursion_limit()  # matching recurses once or twice per pattern nesting level
         self.work = work
         self.rule_set = rule_set
         self.compiled: CompiledRules = compile_rules(rule_set)
@@ -226,7 +228,7 @@ class _Session:
                               program.rule.aliases, self.rule_set.resolver)
         for condition in program.conditions:
             try:
-                holds = evaluator.truth(condition)
+                holds = evaluator.holds(condition)
             except MissingMetadata as exc:
                 raise self.error(program, match.roots[0],
                                  f"a condition reads `{exc.attr}` of %{exc.node.name}, but the graph has no "

@@ -177,11 +177,16 @@ limit to this (never lowers it). Python 3.11+ runs Python-to-Python calls withou
 the C stack, so the higher limit is safe."""
 
 
+def ensure_recursion_limit() -> None:
+    """Raise Python's recursion limit to RECURSION_LIMIT if it is lower (the front end and the matcher call this)."""
+    if sys.getrecursionlimit() < RECURSION_LIMIT:
+        sys.setrecursionlimit(RECURSION_LIMIT)
+
+
 def _get_parser() -> lark.Lark:
     global _parser
     with _lock:
-        if sys.getrecursionlimit() < RECURSION_LIMIT:
-            sys.setrecursionlimit(RECURSION_LIMIT)
+        ensure_recursion_limit()
         if _parser is None:
             _parser = lark.Lark(
                 grammar_text(),
