@@ -1,0 +1,480 @@
+"""Time fxrules against torch.fx's replace_pattern, inductor's PatternMatcherPass and a floor.
+
+    python -m benchmarks.run [--sizes 1000,5000,20000] [--workloads a,b] [--repeat 5] [--smoke]
+                             [--tools fxrules,replace_pattern,inductor,floor] [--timeout 60]
+                             [--budget 20] [--json out.json] [--profile]
+
+For each graph size and workload, in one process, side by side:
+
+fxrules          ``fxrules.apply_rules(gm, rules)``: the rules are parsed once, outside the
+                 timing; the timing is the whole call (copying the graph, matching,
+                 rewriting, the final lint and GraphModule construction).
+replace_pattern  ``torch.fx.replace_pattern``, one call per pattern, and for module patterns
+                 one call per submodule name (it matches ``call_module`` by name); each call
+                 recompiles the module itself.
+inductor         ``torch._inductor.pattern_matcher.PatternMatcherPass`` with the equivalent
+                 patterns registered once outside the timing; ``apply(gm)`` then one
+                 ``gm.recompile()``.
+floor            one pass over the nodes with a dict lookup per node (the (op, target) index
+                 of the workload's rules) plus one ``gm.recompile()``, measured separately
+                 and added: what any tool that looks at every node once and emits code once
+                 must pay.
+
+Each timing is the median of up to ``--repeat`` runs (``--large-repeat`` from 10,000 nodes),
+each on a fresh copy of the traced input (copied outside the timing; the floor's parts
+do not edit the graph and reuse it), stopping early once a cell has used ``--budget``
+seconds. The tools take turns (round r runs each once), so a noisy machine slows them
+alike. A peer run longer than ``--timeout`` seconds is interrupted and shown as
+``timeout``; larger sizes of that peer and workload are then not attempted (also shown
+as ``timeout``). A peer whose time at the previous size, scaled quadratically, predicts
+more than the timeout is not attempted either and is shown as ``timeout*``
+(replace_pattern per submodule name is quadratic by construction: one call per module,
+each scanning and recompiling the whole graph). ``copy ms`` is ``copy.deepcopy`` of the
+input graph, which apply_rules does first (it never edits its input; the peers edit in
+place). Every tool's result is checked: its outputs on a random input equal the
+original model's (bit for bit for [exact] workloads, within 1e-4 relative for conv+bn
+folding), and the tools' rewrite counts and final node counts agree. The exit status is 1
+when any check fails, so ``--smoke`` (tiny graphs, one repeat, every workload, well under
+a minute) works as a CI step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import gc
+import io
+import json
+import platform
+import pstats
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx
+
+import fxrules
+from fxrules.program import compile_rules
+
+from . import graphs
+from .workloads import WORKLOADS, Workload
+
+TOOLS = ("fxrules", "replace_pattern", "inductor", "floor")
+LARGE = 10_000  # graphs at least this large are timed --large-repeat times
+
+
+class Timeout(BaseException):
+    """Raised by the interval timer; a BaseException so no tool's `except Exception` swallows it."""
+
+
+def _on_alarm(signum, frame):
+    raise Timeout()
+
+
+def _timed(fn: Callable[[Any], Any], arg: Any, cap: Optional[float]) -> tuple[float, Any]:
+    if cap:
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, cap)
+    try:
+        start = time.perf_counter()
+        out = fn(arg)
+        return time.perf_counter() - start, out
+    finally:
+        if cap:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def fresh(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy to rewrite: a new graph and module tree; leaf modules and parameters are shared."""
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=type(gm).__name__)
+
+
+@dataclass
+class Cell:
+    """One tool on one (workload, size)."""
+
+    seconds: Optional[float] = None  # median
+    runs: int = 0
+    status: str = "ok"  # ok | timeout | skipped | failed | n/a
+    rewrites: Optional[int] = None
+    nodes_after: Optional[int] = None
+    note: str = ""
+    all_seconds: list = field(default_factory=list)
+
+    def show(self) -> str:
+        if self.status in ("timeout", "skipped-timeout"):
+            return "timeout"
+        if self.status == "predicted-timeout":
+            return "timeout*"
+        if self.seconds is None:
+            return self.status
+        return f"{self.seconds * 1000:.1f}"
+
+
+def measure(fn: Callable[[Any], Any], make_input: Callable[[], Any], repeat: int, cap: Optional[float],
+            budget: float) -> tuple[Cell, Any, Any]:
+    """Median of up to ``repeat`` runs on fresh inputs; returns the cell, the last input and output."""
+    cell = Cell()
+    inp = out = None
+    spent = 0.0
+    for _ in range(repeat):
+        inp = make_input()
+        gc.collect()
+        try:
+            seconds, out = _timed(fn, inp, cap)
+        except Timeout:
+            cell.status = "timeout"
+            cell.note = f"> {cap:.0f} s"
+            return cell, None, None
+        cell.all_seconds.append(seconds)
+        spent += seconds
+        if spent >= budget:
+            break
+    cell.runs = len(cell.all_seconds)
+    cell.seconds = statistics.median(cell.all_seconds)
+    return cell, inp, out
+
+
+def _outputs(gm: torch.nn.Module, example: tuple) -> torch.Tensor:
+    with torch.no_grad():
+        return gm(*example)
+
+
+def _same(y: torch.Tensor, ref: torch.Tensor, exact: bool) -> tuple[bool, str]:
+    if y.shape != ref.shape:
+        return False, f"shape {tuple(y.shape)}, expected {tuple(ref.shape)}"
+    scale = max(1.0, ref.abs().max().item())
+    err = (y - ref).abs().max().item()
+    if exact:
+        return torch.equal(y, ref), f"not bit-identical (max abs error {err:.2e})"
+    return err <= 1e-4 * scale, f"max abs error {err:.2e} (scale {scale:.2g}, allowed {1e-4 * scale:.1e})"
+
+
+@dataclass
+class Row:
+    workload: str
+    family: str
+    nodes: int
+    cells: dict
+    floor_scan: Optional[float] = None
+    floor_recompile: Optional[float] = None
+    graph_copy: Optional[float] = None
+    failures: list = field(default_factory=list)
+
+    @property
+    def floor(self) -> Optional[float]:
+        if self.floor_scan is None or self.floor_recompile is None:
+            return None
+        return self.floor_scan + self.floor_recompile
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.tools = args.tools
+        self.graph_cache: dict = {}
+        self.ref_cache: dict = {}
+        self.timed_out: dict = {}  # (tool, workload) -> size at which it timed out
+        self.last: dict = {}  # (tool, workload) -> (nodes, median seconds) of its last measurement
+        self.graph_copy: dict = {}  # (family, depth) -> seconds to deepcopy the graph
+        self.runners: dict = {}  # (tool, workload) -> runner
+        self.rows: list[Row] = []
+        self.failures: list[str] = []
+
+    # -- inputs ------------------------------------------------------------------
+    def graph(self, family: str, size: int) -> graphs.Graph:
+        key = (family, size)
+        if key not in self.graph_cache:
+            self.graph_cache[key] = graphs.make(family, size)
+        return self.graph_cache[key]
+
+    def reference(self, g: graphs.Graph) -> torch.Tensor:
+        key = (g.family, g.depth)
+        if key not in self.ref_cache:
+            self.ref_cache[key] = _outputs(g.model, g.example)
+        return self.ref_cache[key]
+
+    def runner(self, tool: str, w: Workload) -> Optional[Callable]:
+        key = (tool, w.name)
+        if key not in self.runners:
+            rules = w.rules
+            compile_rules(rules)  # parse and compile once, outside every timing
+            if tool == "fxrules":
+                self.runners[key] = lambda gm: fxrules.apply_rules(gm, rules)
+            elif tool == "replace_pattern":
+                self.runners[key] = w.replace_pattern()
+            elif tool == "inductor":
+                self.runners[key] = w.inductor() if w.inductor is not None else None
+        return self.runners[key]
+
+    def repeat(self, nodes: int) -> int:
+        return self.args.repeat if nodes < LARGE else min(self.args.repeat, self.args.large_repeat)
+
+    # -- one (workload, size) --------------------------------------------------------
+    def warm_up(self, w: Workload) -> None:
+        """One untimed run of every tool on a small graph: imports, caches, the rules' compilation."""
+        g = self.graph(w.family, 300)
+        for tool in ("fxrules", "replace_pattern", "inductor"):
+            if tool in self.tools and self.runner(tool, w) is not None:
+                self.runner(tool, w)(fresh(g.gm))
+
+    def run_one(self, w: Workload, size: int) -> Row:
+        """Time every tool on one graph, interleaved: round r runs each tool once, so the noise of a
+        shared machine falls on all of them alike."""
+        a = self.args
+        g = self.graph(w.family, size)
+        ref = self.reference(g)
+        row = Row(w.name, w.family, g.nodes, {})
+        make = lambda: fresh(g.gm)  # noqa: E731
+        same = lambda: g.gm  # noqa: E731  (the floor's parts do not edit the graph)
+        timers: dict = {}  # name -> (function, input maker, cap)
+        for tool in ("fxrules", "replace_pattern", "inductor"):
+            cell = self.skip(tool, w, g)
+            if cell is not None:
+                row.cells[tool] = cell
+                continue
+            timers[tool] = (self.runner(tool, w), make, a.timeout if tool != "fxrules" else max(a.timeout, 600))
+        if "floor" in self.tools:
+            index = compile_rules(w.rules).by_key
+
+            def scan(gm: fx.GraphModule) -> int:
+                get, found = index.get, 0
+                for node in gm.graph.nodes:
+                    if get((node.op, node.target)) is not None:
+                        found += 1
+                return found
+
+            timers["scan"] = (scan, same, None)
+            timers["recompile"] = (lambda gm: gm.recompile(), same, None)
+        cells = {name: Cell() for name in timers}
+        last: dict = {}
+        active = list(timers)
+        for _ in range(self.repeat(g.nodes)):
+            for name in list(active):
+                fn, make_input, cap = timers[name]
+                inp = make_input()
+                gc.collect()
+                try:
+                    seconds, out = _timed(fn, inp, cap)
+                except Timeout:
+                    cells[name] = Cell(status="timeout", note=f"> {cap:.0f} s")
+                    active.remove(name)
+                    continue
+                cells[name].all_seconds.append(seconds)
+                last[name] = (inp, out)
+                if sum(cells[name].all_seconds) >= a.budget:
+                    active.remove(name)
+        for name, cell in cells.items():
+            if cell.all_seconds:
+                cell.runs = len(cell.all_seconds)
+                cell.seconds = statistics.median(cell.all_seconds)
+        for tool in ("fxrules", "replace_pattern", "inductor"):
+            if tool not in timers:
+                continue
+            cell = row.cells[tool] = cells[tool]
+            if cell.status == "timeout":
+                self.timed_out[(tool, w.name)] = g.nodes
+                continue
+            self.last[(tool, w.name)] = (g.nodes, cell.seconds)
+            self.check(tool, w, g, ref, row, cell, *last[tool])
+        if "floor" in self.tools:
+            row.floor_scan, row.floor_recompile = cells["scan"].seconds, cells["recompile"].seconds
+            key = (g.family, g.depth)
+            if key not in self.graph_copy:  # informative, and the same for every workload on this graph
+                self.graph_copy[key] = measure(lambda gm: copy.deepcopy(gm.graph), same, self.repeat(g.nodes),
+                                               None, a.budget)[0].seconds
+            row.graph_copy = self.graph_copy[key]
+        self.cross_check(w, row)
+        return row
+
+    def skip(self, tool: str, w: Workload, g: graphs.Graph) -> Optional[Cell]:
+        """A cell saying why ``tool`` is not run here, or None to run it."""
+        if tool not in self.tools:
+            return Cell(status="-")
+        if self.runner(tool, w) is None:
+            return Cell(status="n/a", note=w.inductor_note)
+        if (tool, w.name) in self.timed_out:
+            return Cell(status="skipped-timeout", note=f"timed out at {self.timed_out[(tool, w.name)]} nodes")
+        if tool != "fxrules" and (tool, w.name) in self.last:
+            nodes, seconds = self.last[(tool, w.name)]
+            predicted = seconds * (g.nodes / nodes) ** 2
+            if predicted > self.args.timeout:
+                return Cell(status="predicted-timeout",
+                            note=f"{seconds:.1f} s at {nodes} nodes; ~{predicted:.0f} s if quadratic")
+        return None
+
+    def check(self, tool: str, w: Workload, g: graphs.Graph, ref: torch.Tensor, row: Row, cell: Cell,
+              inp: Any, out: Any) -> None:
+        """What the tool produced, and whether it computes what the model computes."""
+        if tool == "fxrules":
+            result_gm, cell.rewrites = out.module, len(out.report.applied)
+            if out.report.rejected:
+                cell.note = f"{len(out.report.rejected)} rejected"
+        else:
+            result_gm, cell.rewrites = inp, out
+        cell.nodes_after = len(result_gm.graph.nodes)
+        try:
+            result_gm.graph.lint()
+            ok, how = _same(_outputs(result_gm, g.example), ref, w.exact)
+        except Exception as exc:  # a broken graph is a failed check, not a crash
+            ok, how = False, f"{type(exc).__name__}: {exc}"
+        if ok and not w.exact:
+            cell.note = how
+        if not ok:
+            cell.status = "failed"
+            row.failures.append(f"{tool}: outputs differ from the model's: {how}")
+
+    def cross_check(self, w: Workload, row: Row) -> None:
+        done = {t: c for t, c in row.cells.items() if c.rewrites is not None}
+        fx_cell = done.get("fxrules")
+        if fx_cell is not None and fx_cell.rewrites == 0:
+            row.failures.append("fxrules made no rewrite: the workload does not exercise anything")
+        counts = {t: c.rewrites for t, c in done.items()}
+        if len(set(counts.values())) > 1:
+            row.failures.append(f"rewrite counts differ: {counts}")
+        after = {t: c.nodes_after for t, c in done.items()}
+        if len(set(after.values())) > 1:
+            row.failures.append(f"node counts after rewriting differ: {after}")
+        for message in row.failures:
+            self.failures.append(f"{w.name} @ {row.nodes} nodes: {message}")
+
+    # -- everything ----------------------------------------------------------------
+    def run(self) -> None:
+        a = self.args
+        for name in a.workloads:
+            w = WORKLOADS[name]
+            if a.warmup:
+                self.warm_up(w)
+            for size in a.sizes:
+                started = time.perf_counter()
+                row = self.run_one(w, size)
+                self.rows.append(row)
+                print(f"  {w.name:20} {row.nodes:6} nodes  "
+                      + "  ".join(f"{t}={c.show()}" for t, c in row.cells.items())
+                      + f"  floor={_ms(row.floor)}  ({time.perf_counter() - started:.1f} s)"
+                      + ("  FAILED" if row.failures else ""), file=sys.stderr, flush=True)
+                if a.profile:
+                    print(profile_fxrules(w, self.graph(w.family, size)), flush=True)
+
+    def table(self) -> str:
+        head = ("| workload | graph | nodes | fxrules ms | replace_pattern ms | inductor ms | floor ms | copy ms "
+                "| fxrules/floor | replace_pattern/fxrules | inductor/fxrules | rewrites fx/rp/ind | check |")
+        lines = [head, "|" + "---|" * (head.count("|") - 1)]
+        for r in self.rows:
+            fx_c, rp_c, ind_c = (r.cells[t] for t in ("fxrules", "replace_pattern", "inductor"))
+            rewrites = "/".join("-" if c.rewrites is None else str(c.rewrites) for c in (fx_c, rp_c, ind_c))
+            lines.append(
+                f"| {r.workload} | {r.family} | {r.nodes} | {fx_c.show()} | {rp_c.show()} | {ind_c.show()} "
+                f"| {_ms(r.floor)} | {_ms(r.graph_copy)} | {_ratio(fx_c.seconds, r.floor)} | {_ratio(rp_c.seconds, fx_c.seconds)} "
+                f"| {_ratio(ind_c.seconds, fx_c.seconds)} | {rewrites} | {'FAIL' if r.failures else 'ok'} |")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                        "platform": platform.platform(), "threads": torch.get_num_threads()},
+            "args": {k: v for k, v in vars(self.args).items()},
+            "rows": [{
+                "workload": r.workload, "family": r.family, "nodes": r.nodes,
+                "floor_scan_s": r.floor_scan, "floor_recompile_s": r.floor_recompile, "graph_copy_s": r.graph_copy,
+                "cells": {t: {"median_s": c.seconds, "runs": c.runs, "all_s": c.all_seconds, "status": c.status,
+                              "rewrites": c.rewrites, "nodes_after": c.nodes_after, "note": c.note}
+                          for t, c in r.cells.items()},
+                "failures": r.failures,
+            } for r in self.rows],
+            "failures": self.failures,
+        }
+
+
+def _ms(seconds: Optional[float]) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> str:
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.1f}x" if a / b >= 10 else f"{a / b:.2f}x"
+
+
+def profile_fxrules(w: Workload, g: graphs.Graph, top: int = 15) -> str:
+    """cProfile of one apply_rules run (its own run, outside the timings), top entries by tottime."""
+    gm = fresh(g.gm)
+    rules = w.rules
+    gc.collect()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    fxrules.apply_rules(gm, rules)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    text = out.getvalue()
+    text = text[text.find("ncalls") - 3:] if "ncalls" in text else text
+    return f"--- profile: fxrules, {w.name}, {g.nodes} nodes ({stats.total_tt * 1000:.0f} ms under cProfile)\n{text}"
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="1000,5000,20000", help="approximate node counts (comma-separated)")
+    p.add_argument("--workloads", default=None, help=f"comma-separated; known: {', '.join(WORKLOADS)}")
+    p.add_argument("--tools", default=",".join(TOOLS), help=f"comma-separated subset of {', '.join(TOOLS)}")
+    p.add_argument("--repeat", type=int, default=5, help="runs per timing (median); default 5")
+    p.add_argument("--large-repeat", type=int, default=3,
+                   help=f"runs per timing for graphs of {LARGE} nodes or more (default 3)")
+    p.add_argument("--budget", type=float, default=10.0,
+                   help="stop repeating a cell once its runs took this many seconds (default 10)")
+    p.add_argument("--timeout", type=float, default=60.0, help="cap on one peer run, seconds (default 60)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the untimed warm-up run of each tool per workload")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny graphs (~300 nodes), one repeat, every workload: a correctness check")
+    p.add_argument("--json", help="also write every measurement to this file")
+    p.add_argument("--profile", action="store_true", help="print a cProfile of one fxrules run per cell")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; see README)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.repeat, args.warmup = "300", 1, False
+    if args.workloads is None:
+        args.workloads = ",".join(WORKLOADS)
+    args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
+    args.workloads = [s for s in args.workloads.split(",") if s]
+    args.tools = [s for s in args.tools.split(",") if s]
+    for name in args.workloads:
+        if name not in WORKLOADS:
+            p.error(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    for tool in args.tools:
+        if tool not in TOOLS:
+            p.error(f"unknown tool {tool!r}; known: {', '.join(TOOLS)}")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    bench = Bench(args)
+    print(f"fxrules {fxrules.__version__}, torch {torch.__version__}, python {platform.python_version()}, "
+          f"{torch.get_num_threads()} torch thread(s); sizes {args.sizes}, repeat {args.repeat}, "
+          f"timeout {args.timeout:.0f} s", file=sys.stderr)
+    bench.run()
+    print(bench.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(bench.to_json(), f, indent=1, default=str)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if bench.failures:
+        print(f"\n{len(bench.failures)} check(s) FAILED:", file=sys.stderr)
+        for message in bench.failures:
+            print("  " + message, file=sys.stderr)
+        return 1
+    print("all checks passed", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
