@@ -46,6 +46,7 @@ import cProfile
 import gc
 import io
 import json
+import os
 import platform
 import pstats
 import signal
@@ -378,7 +379,8 @@ class Bench:
     def to_json(self) -> dict:
         return {
             "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                        "platform": platform.platform(), "threads": torch.get_num_threads()},
+                        "platform": platform.platform(), "threads": torch.get_num_threads(),
+                        "cpus": os.cpu_count(), "commit": _commit()},
             "args": {k: v for k, v in vars(self.args).items()},
             "rows": [{
                 "workload": r.workload, "family": r.family, "nodes": r.nodes,
@@ -390,6 +392,21 @@ class Bench:
             } for r in self.rows],
             "failures": self.failures,
         }
+
+
+def _commit() -> Optional[str]:
+    """The checkout's commit (with ``+dirty`` when it has changes), if git can say."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
 
 
 def _ms(seconds: Optional[float]) -> str:

@@ -21,7 +21,6 @@ the counts and outputs are compared by :mod:`benchmarks.run`.
 
 from __future__ import annotations
 
-import functools
 import operator
 import random
 from dataclasses import dataclass, field
