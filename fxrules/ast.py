@@ -295,6 +295,44 @@ class Contract:
     span: Span = _span()
 
 
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+          "complex64", "complex128")
+"""The dtype names an example input may declare (``$x: float64[2, 3]``); ``float32`` when none is written."""
+
+EXAMPLE_MODES = ("eval", "train")
+
+
+@dataclass(frozen=True, slots=True)
+class InputSpec:
+    """``$x: float64[2, 3]`` or ``$b: [8] = 0`` after ``given`` in an example.
+
+    ``dtype`` is None for the default (float32); ``fill`` is None for random (seeded) values.
+    """
+
+    name: str
+    dtype: Optional[str]
+    shape: tuple[int, ...]
+    fill: Optional[Union[int, float, bool]] = None
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """``example [COUNT] [MODE]: MODEL given INPUTS``: a model the rule must rewrite (or leave alone).
+
+    ``count`` None means "at least once", 0 a negative example, N exactly N rewrites.
+    ``mode`` is ``eval`` (the default, None) or ``train``. ``outputs`` are expressions in the
+    replacement language whose captures are the declared inputs.
+    """
+
+    count: Optional[int]
+    mode: Optional[str]
+    outputs: tuple[Expr, ...]
+    inputs: tuple[InputSpec, ...]
+    span: Span = _span()
+    mode_span: Span = _span()
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One rewrite rule.
@@ -313,6 +351,7 @@ class Rule:
     replacements: tuple[Expr, ...]
     span: Span = _span()
     name_span: Span = _span()
+    examples: tuple[Example, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast as _pyast
+import dataclasses
 import warnings
 from typing import Union
 
@@ -54,6 +55,12 @@ class _Builder:
                 items.append(self.rule(child))
             elif kind == "oneline_rule":
                 items.append(self.oneline_rule(child))
+            elif kind == "example":
+                if not items or not isinstance(items[-1], A.Rule):
+                    raise self.error(child.children[0], "misplaced-example",
+                                     "an example must follow the rule it illustrates")
+                rule = items[-1]
+                items[-1] = dataclasses.replace(rule, examples=rule.examples + (self.example(child),))
             else:  # pragma: no cover - the grammar has no other items
                 raise AssertionError(kind)
         return A.RuleFile(self.path, tuple(items))
@@ -86,6 +93,36 @@ class _Builder:
         patterns, conditions, replacements = self.body(tree.children[-1])
         span = self.span(tree)
         return A.Rule(None, None, contract, patterns, conditions, replacements, span, span)
+
+    def example(self, tree: Tree) -> A.Example:
+        count = mode = None
+        mode_span = A.NO_SPAN
+        outputs: tuple = ()
+        inputs: tuple = ()
+        for child in tree.children:
+            if _is_token(child, "INT"):
+                count = _int(child)
+            elif _is_token(child, "NAME"):
+                mode, mode_span = str(child), self.span(child)
+            elif isinstance(child, Tree) and child.data == "example_outputs":
+                outputs = self.exprs(child)
+            elif isinstance(child, Tree) and child.data == "given":
+                inputs = tuple(self.input_spec(c) for c in child.children if isinstance(c, Tree))
+        return A.Example(count, mode, outputs, inputs, self.span(tree), mode_span)
+
+    def input_spec(self, tree: Tree) -> A.InputSpec:
+        name = str(tree.children[0])[1:]
+        dtype = None
+        shape: tuple = ()
+        fill = None
+        for child in tree.children[1:]:
+            if _is_token(child, "NAME"):
+                dtype = str(child)
+            elif isinstance(child, Tree) and child.data == "shape":
+                shape = tuple(_int(t) for t in child.children if _is_token(t, "INT"))
+            elif isinstance(child, Tree):
+                fill = self.literal(child)
+        return A.InputSpec(name, dtype, shape, fill, self.span(tree))
 
     def body(self, tree: Tree):
         patterns: tuple = ()

@@ -136,6 +136,108 @@ class _FileChecker:
         elif self.canonical(rule.patterns, rule.patterns) == self.canonical(rule.replacements, rule.patterns):
             self.error(rule.span, "identity-rewrite", "the replacement is identical to the pattern, so the rule "
                                                       "could only rewrite forever")
+        for example in rule.examples:
+            self.example(example)
+
+    # -- examples ------------------------------------------------------------------------
+    def example(self, example: A.Example) -> None:
+        """An example model: built only from declared inputs, literals, and calls that resolve."""
+        if example.mode is not None and example.mode not in A.EXAMPLE_MODES:
+            close = difflib.get_close_matches(example.mode, A.EXAMPLE_MODES, n=1)
+            self.error(example.mode_span, "bad-example", f"`{example.mode}` is not an example mode",
+                       notes=["after the rewrite count comes `train` or `eval` (the default)"]
+                       + ([f"did you mean `{close[0]}`?"] if close else []))
+        declared: dict[str, A.InputSpec] = {}
+        for spec in example.inputs:
+            if spec.name in declared:
+                self.error(spec.span, "bad-example", f"`${spec.name}` is declared twice",
+                           notes=[f"first declared at {declared[spec.name].span}"])
+                continue
+            declared[spec.name] = spec
+            if spec.dtype is not None and spec.dtype not in A.DTYPES:
+                close = difflib.get_close_matches(spec.dtype, A.DTYPES, n=1)
+                self.error(spec.span, "bad-example", f"`{spec.dtype}` is not a dtype an example input can have",
+                           notes=[f"one of: {', '.join(A.DTYPES)}"] + ([f"did you mean `{close[0]}`?"] if close else []))
+            if spec.fill is not None and (isinstance(spec.fill, str) or spec.fill is None):
+                self.error(spec.span, "bad-example", "an input can only be filled with a number or a boolean")
+            if len(spec.shape) > 8 or any(d > 4096 for d in spec.shape) or _product(spec.shape) > 1 << 22:
+                self.error(spec.span, "bad-example", "example inputs are small: at most 8 dimensions, 4096 per "
+                                                     "dimension and 4M elements")
+        uses: dict[str, set] = {}
+        for output in example.outputs:
+            if isinstance(output, (A.Literal, A.ListExpr, A.TupleExpr, A.Name)):
+                self.error(output.span, "bad-example", "an example's output must be computed from its inputs",
+                           notes=["write an operation, as in `call_function torch.relu($x)`, or an input `$x`"])
+            self.example_expr(output, declared, uses)
+        for name, spec in declared.items():
+            kinds = uses.get(name, set())
+            if not kinds:
+                self.warning(spec.span, "bad-example", f"`${name}` is declared but the example does not use it")
+            elif len(kinds) > 1:
+                self.error(spec.span, "bad-example",
+                           f"`${name}` is used both as an input and as `get_attr ${name}`",
+                           notes=["an input declared for `get_attr` becomes a buffer of the example model"])
+
+    def example_expr(self, expr: A.Expr, declared: dict, uses: dict) -> None:
+        if isinstance(expr, A.Capture):
+            if expr.name not in declared:
+                self.error(expr.span, "bad-example", f"`${expr.name}` is not declared after `given`",
+                           notes=[f"declare it with its shape, as in `given ${expr.name}: [2, 8]`"])
+            uses.setdefault(expr.name, set()).add("input")
+        elif isinstance(expr, A.GetAttr):
+            if not isinstance(expr.target, A.Capture):
+                self.error(expr.span, "bad-example", "an example reads a declared buffer, as in `get_attr $b`")
+            elif expr.target.name not in declared:
+                self.error(expr.target.span, "bad-example", f"`${expr.target.name}` is not declared after `given`")
+            else:
+                uses.setdefault(expr.target.name, set()).add("buffer")
+        elif isinstance(expr, (A.Wildcard, A.Alt, A.Bind, A.Ellipsis_)):
+            what = {A.Wildcard: "`_`", A.Alt: "an alternation `|`", A.Bind: "`as`", A.Ellipsis_: "`...`"}[type(expr)]
+            self.error(expr.span, "bad-example", f"{what} cannot appear in an example: an example is one concrete model")
+        elif isinstance(expr, A.Literal):
+            return
+        elif isinstance(expr, A.Name):
+            if len(expr.dotted.parts) == 1:
+                self.error(expr.span, "bad-example", f"`{expr.dotted.text}` is not defined in an example",
+                           notes=["an example uses its declared inputs (`$x`), literals and dotted constants"])
+            else:
+                self.constant(expr.dotted)
+        elif isinstance(expr, (A.ListExpr, A.TupleExpr)):
+            for item in expr.items:
+                self.example_expr(item, declared, uses)
+        elif isinstance(expr, A.Call):
+            self.example_call(expr, declared, uses)
+
+    def example_call(self, call: A.Call, declared: dict, uses: dict) -> None:
+        if call.args is None:
+            self.error(call.span, "bad-example", "a call in an example needs its argument list",
+                       notes=["write `(...)` after the target, as in `call_module ReLU($x)`"])
+        if call.op == "call_function":
+            self.function_target(call.target)
+        elif call.op == "call_method":
+            self.method_target(call.target)
+            if call.target.parts[0].startswith("_"):
+                self.error(call.target.span, "bad-example", f"an example may not call `{call.target.text}`")
+            if not call.args:
+                self.error(call.span, "bad-example", "a method call needs the tensor it is called on as its "
+                                                     "first argument")
+        elif call.builder_args is not None:
+            self.error(call.span, "bad-example", "an example constructs modules from keyword arguments in braces",
+                       notes=[f"write `call_module {call.target.text}{{name=value, ...}}(...)`"])
+        else:
+            module_class = self.module_type(call.target)
+            for keyword in call.attrs or ():
+                self.module_attribute(keyword, module_class, pattern=False)
+                if not _literal_value(keyword.value):
+                    self.error(keyword.value.span, "bad-example",
+                               "a constructor argument in an example is a literal, a constant or a list of them")
+            self.constructor_arguments(call, module_class, "bad-example")
+        if call.args is not None:
+            self.argument_list(call, None, pattern=False)
+            for arg in call.args:
+                self.example_expr(arg, declared, uses)
+            for keyword in call.kwargs:
+                self.example_expr(keyword.value, declared, uses)
 
     def canonical(self, exprs: tuple, patterns: tuple) -> tuple:
         """A comparable form with names expanded and bare replacements given the root's arguments."""
@@ -553,7 +655,7 @@ class _FileChecker:
             self.error(call.target.span, "unknown-builder", f"`{path}` is not a builder function",
                        notes=["a builder is a function taking matched modules and returning a new nn.Module"])
 
-    def constructor_arguments(self, call: A.Call, module_class: Any) -> None:
+    def constructor_arguments(self, call: A.Call, module_class: Any, code: str = "bad-replacement") -> None:
         """Constructing ``TYPE{...}`` must supply every required constructor argument."""
         signature = _constructor_signature(module_class)
         if signature is None:
@@ -566,7 +668,7 @@ class _FileChecker:
             and p.name not in given
         ]
         if missing:
-            self.error(call.span, "bad-replacement",
+            self.error(call.span, code,
                        f"constructing `{module_class.__name__}` needs {', '.join('`' + m + '`' for m in missing)}",
                        notes=[f"write `call_module {call.target.text}{{{', '.join(m + '=...' for m in missing)}}}(...)`"])
 
@@ -672,6 +774,19 @@ class _FileChecker:
                        f"`{module_class.__name__}` has no constructor argument `{keyword.name}`",
                        notes=[f"it takes: {', '.join(sorted(allowed))}"]
                        + ([f"did you mean `{close[0]}`?"] if close else []))
+
+
+def _product(shape: tuple) -> int:
+    total = 1
+    for d in shape:
+        total *= d
+    return total
+
+
+def _literal_value(expr: A.Expr) -> bool:
+    if isinstance(expr, (A.ListExpr, A.TupleExpr)):
+        return all(_literal_value(i) for i in expr.items)
+    return isinstance(expr, A.Literal) or (isinstance(expr, A.Name) and len(expr.dotted.parts) > 1)
 
 
 def _rooted_at_name(cond: A.Cond) -> bool:

@@ -55,6 +55,9 @@ CODES: dict[str, str] = {
     "bad-pattern": "a construct that cannot be matched (e.g. a builder in a pattern, a literal root)",
     "bad-replacement": "a construct that cannot be built (e.g. `_` or alternation in a replacement)",
     "alternation-binding": "the options of an alternation bind different captures or names",
+    # examples
+    "misplaced-example": "an `example` line that does not follow a rule",
+    "bad-example": "an example model that cannot be built (undeclared input, wildcard, unknown dtype...)",
 }
 
 

@@ -44,13 +44,15 @@ class _TooDeep(Exception):
 class _Context:
     """Where the post-lexer is in the current statement; read by syntax error messages."""
 
-    __slots__ = ("prev", "last", "brackets", "popped", "statement", "seen_arrow", "seen_as", "in_condition")
+    __slots__ = ("prev", "last", "brackets", "popped", "statement", "ended", "seen_arrow", "seen_as",
+                 "in_condition")
 
     def __init__(self) -> None:
         self.prev = self.last = None
         self.popped: Optional[str] = None  # the bracket the last token closed
         self.brackets: list[str] = []  # open bracket token types, innermost last
         self.statement: Optional[str] = None  # type of the statement's first token
+        self.ended: Optional[str] = None  # ... of the statement a newline just ended
         self.seen_arrow = self.seen_as = self.in_condition = False
 
 
@@ -136,7 +138,7 @@ class _Lexer(lark.lexer.Lexer):
                 if brackets or ctx.last is None or ctx.last.type == "_NL":
                     continue
                 if ctx.last.type not in ("ARROW", "COLON"):  # after those, the statement goes on
-                    ctx.statement = None
+                    ctx.ended, ctx.statement = ctx.statement, None
                     ctx.seen_arrow = ctx.seen_as = ctx.in_condition = False
             else:
                 if kind == "NAME":
@@ -225,6 +227,7 @@ _WORDS = {
     "RBRACE": "`}`", "EQEQ": "`==`", "NOTEQ": "`!=`", "LE": "`<=`", "GE": "`>=`", "LT": "`<`", "GT": "`>`",
     "PLUS": "`+`", "MINUS": "`-`", "STAR": "`*`", "SLASH": "`/`", "DSLASH": "`//`", "PERCENT": "`%`",
     "RULE": "`rule`", "USE": "`use`", "AS": "`as`", "DEFAULT": "`default`", "WHERE": "`where`",
+    "EXAMPLE": "`example`", "GIVEN": "`given`",
     "NOT": "`not`", "AND": "`and`", "OR": "`or`", "IN": "`in`", "TRUE": "`True`", "FALSE": "`False`",
     "NONE": "`None`", "CALL_FUNCTION": "`call_function`", "CALL_METHOD": "`call_method`",
     "CALL_MODULE": "`call_module`", "GET_ATTR": "`get_attr`", "WILDCARD": "`_`",
@@ -281,6 +284,10 @@ def _expectation(expected: set[str], previous: Optional[lark.Token]) -> str:
         return "expected `$name`, `_` or an attribute path after `get_attr`"
     if prev == "WHERE":
         return "expected a condition after `where`"
+    if prev == "GIVEN":
+        return "expected an input declaration after `given`, as in `given $x: [2, 8]`"
+    if prev == "EXAMPLE":
+        return "expected `:` after `example` (or a rewrite count and a mode, as in `example 2 train:`)"
     if prev == "ARROW":
         return "expected a replacement after `->`"
     if prev == "EQUAL":
@@ -291,6 +298,8 @@ def _expectation(expected: set[str], previous: Optional[lark.Token]) -> str:
         return "expected `->` after the pattern (or `where` and a condition)"
     if "ARROW" in expected:
         return "expected `->` after the pattern"
+    if "COLON" in expected and "EXAMPLE" in (_context().statement, _context().ended):
+        return "expected `:` to end the example's header, as in `example:`, `example 2:` or `example 0 train:`"
     if "COLON" in expected and prev in ("NAME", "RSQB", "STRING") and "LPAR" not in expected:
         return "expected `:` after the rule's name"
     return "expected " + _expected_words(expected)

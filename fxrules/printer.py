@@ -122,14 +122,35 @@ def print_rule(rule: A.Rule) -> str:
         if rule.description is not None:
             raise ValueError("a rule without a name cannot carry a description")
         head = [_contract(rule.contract)] if rule.contract is not None else []
-        return " ".join(head + [patterns] + wheres + [replacements])
+        return "".join([" ".join(head + [patterns] + wheres + [replacements])]
+                       + ["\n" + INDENT + print_example(e) for e in rule.examples])
     header = "rule " + rule.name
     if rule.description is not None:
         header += " " + string_literal(rule.description)
     if rule.contract is not None:
         header += " " + _contract(rule.contract)
     lines = [header + ":", patterns, *wheres, replacements]
-    return ("\n" + INDENT).join(lines)
+    return ("\n" + INDENT).join(lines + [print_example(e) for e in rule.examples])
+
+
+def print_example(example: A.Example) -> str:
+    """``example 2 train: MODEL given $x: float64[2, 3]`` (one line)."""
+    head = "example"
+    if example.count is not None:
+        head += f" {example.count}"
+    if example.mode is not None:
+        head += f" {example.mode}"
+    text = head + ": " + ", ".join(print_expr(e) for e in example.outputs)
+    if example.inputs:
+        text += " given " + ", ".join(print_input(i) for i in example.inputs)
+    return text
+
+
+def print_input(spec: A.InputSpec) -> str:
+    text = f"${spec.name}: {spec.dtype or ''}[{', '.join(str(d) for d in spec.shape)}]"
+    if spec.fill is not None:
+        text += " = " + literal(spec.fill)
+    return text
 
 
 def _contract(contract: A.Contract) -> str:
