@@ -61,7 +61,23 @@ def _build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--allow-import", action="append", default=[], metavar="PKG",
                        help="allow rule files to name modules of PKG (may be repeated)")
     apply.set_defaults(run=_apply)
+
+    fmt = commands.add_parser("fmt", help="format rule files canonically (keeps every comment)",
+                              description="Rewrite rule files in the canonical layout, keeping every comment. "
+                                          "Exit 0 when done, 1 when a file would change (--check/--diff) or has "
+                                          "syntax errors (it is left untouched), 2 on usage or I/O errors.")
+    fmt.add_argument("paths", nargs="*", default=["."], metavar="PATH",
+                     help="rule files or directories (every *.fxr under them); - for standard input; default: .")
+    fmt.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file would change")
+    fmt.add_argument("--diff", action="store_true", help="write nothing; print a unified diff of the changes")
+    fmt.set_defaults(run=_fmt)
     return parser
+
+
+def _fmt(args: argparse.Namespace) -> int:
+    from .fmt import run
+
+    return run(list(args.paths), check=args.check, diff=args.diff)
 
 
 def project_allow_imports(start: Optional[str] = None) -> list[str]:
