@@ -18,6 +18,8 @@ _LAZY = {
     "RewriteResult": ("fxrules.report", "RewriteResult"),
     "Report": ("fxrules.report", "Report"),
     "builders": ("fxrules.builders", None),
+    "RulePass": ("fxrules.integration", "RulePass"),
+    "compile_backend": ("fxrules.integration", "compile_backend"),
 }
 
 
@@ -35,5 +37,5 @@ def __getattr__(name: str):
 __all__ = [
     "CheckedRule", "Diagnostic", "FxrulesError", "ModelError", "Report", "RewriteError", "RewriteLoopError",
     "RewriteResult", "RuleFileError", "RuleSet", "apply_rules", "explain", "find_matches", "load_rules",
-    "parse_rules",
+    "parse_rules", "RulePass", "compile_backend",
 ]
