@@ -258,3 +258,24 @@ def test_lazy_exports_do_not_import_torch_early() -> None:
             "assert callable(fxrules.compile_backend) and 'torch' in sys.modules\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+# ---------------------------------------------------------------------------
+# docs/comparison.md: its scripts print what the page says they print
+# ---------------------------------------------------------------------------
+
+
+def test_comparison_doc_scripts_print_what_the_page_shows() -> None:
+    import contextlib
+    import io
+    import re
+
+    page = (ROOT / "docs" / "comparison.md").read_text(encoding="utf-8")
+    outputs = re.findall(r"```text\n(.*?)```", page, flags=re.S)
+    scripts = re.findall(r"<summary>(\w+\.py)[^<]*</summary>\s*```python\n(.*?)```", page, flags=re.S)
+    assert [name for name, _ in scripts] == ["demo.py", "safety.py"] and len(outputs) == 2
+    for (name, code), expected in zip(scripts, outputs):
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, name, "exec"), {"__name__": "__main__"})  # the page's own code, in-process
+        assert printed.getvalue() == expected, f"{name} now prints:\n{printed.getvalue()}"
