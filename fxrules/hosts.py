@@ -47,8 +47,8 @@ def missing_samplers(roots: tuple, catalogue: Catalogue) -> list[str]:
                 found = catalogue.method(target) is not None
             else:
                 found = catalogue.function(target) is not None
-            if not found:
-                missing.append(describe_target(p.op, target))
+            if not found:  # functions by their name as written (an alias reads as the user wrote it)
+                missing.append(p.label if p.op == "call_function" else describe_target(p.op, target))
             for arg in p.args or ():
                 visit(arg)
             for _, value in p.kwargs:

@@ -36,7 +36,9 @@ for one of its ops, or none the rule rewrites — and no positive example),
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import hashlib
 import time
 import warnings
@@ -293,7 +295,8 @@ def _describe(t: torch.Tensor) -> str:
 # ---------------------------------------------------------------------------
 
 def _run(module: torch.nn.Module, inputs: tuple) -> Any:
-    with torch.no_grad():
+    # torch.fx prints the generated code to stderr when it raises; the verdict says what went wrong
+    with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
         return module(*[t.clone() for t in inputs])
 
 

@@ -15,3 +15,14 @@ def exploding_builder(*modules: nn.Module) -> nn.Module:
 def exploding_predicate(*values) -> bool:
     """A condition function that always fails."""
     raise BuilderBoom("this predicate always fails")
+
+
+def fold_conv_bn_ignoring_eps(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """A deliberately WRONG fold (for the verification tests): it forgets the batch norm's eps."""
+    import copy
+
+    from fxrules.builders import fold_conv_bn
+
+    careless = copy.deepcopy(bn)
+    careless.eps = 0.0
+    return fold_conv_bn(conv, careless)
