@@ -5,11 +5,18 @@ Importing fxrules does not import torch: the front end (``load_rules``,
 (``apply_rules``, ``find_matches``, ``explain``) imports torch when first used.
 """
 
+from pathlib import Path as _Path
+
 from .api import apply_rules, explain, find_matches, load_rules, parse_rules
 from .errors import Diagnostic, FxrulesError, RuleFileError
 from .rules import CheckedRule, RuleSet
 
 __version__ = "0.1.0"
+
+#: The bundled rule library (a directory of rule families: ``cleanup``, ``canonicalize``,
+#: ``fold``, ``swap``, ``aten``), shipped inside the package:
+#: ``fxrules.load_rules(fxrules.LIBRARY / "cleanup")``. See its README.md for every rule.
+LIBRARY = _Path(__file__).resolve().parent / "library"
 
 _LAZY = {
     "RewriteError": ("fxrules.engine", "RewriteError"),
@@ -18,8 +25,11 @@ _LAZY = {
     "RewriteResult": ("fxrules.report", "RewriteResult"),
     "Report": ("fxrules.report", "Report"),
     "builders": ("fxrules.builders", None),
+    "load_saved": ("fxrules.saving", "load_saved"),
     "RulePass": ("fxrules.integration", "RulePass"),
     "compile_backend": ("fxrules.integration", "compile_backend"),
+    "verify": ("fxrules.verification", "verify"),
+    "VerifyReport": ("fxrules.verification", "VerifyReport"),
 }
 
 
@@ -35,7 +45,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "CheckedRule", "Diagnostic", "FxrulesError", "ModelError", "Report", "RewriteError", "RewriteLoopError",
+    "LIBRARY", "CheckedRule", "Diagnostic", "FxrulesError", "ModelError", "Report", "RewriteError", "RewriteLoopError",
     "RewriteResult", "RuleFileError", "RuleSet", "apply_rules", "explain", "find_matches", "load_rules",
-    "parse_rules", "RulePass", "compile_backend",
+    "parse_rules", "RulePass", "compile_backend", "load_saved", "verify", "VerifyReport",
 ]

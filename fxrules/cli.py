@@ -136,7 +136,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     unknown = [name for name in args.rule or () if name not in rule_set]
     if unknown:
         raise _UsageError(f"no rule named {unknown[0]!r} in {', '.join(args.paths)}")
-    from .verify import verify
+    from .verification import verify
 
     database = None if args.no_database else args.database
     with progress(len(args.rule or rule_set.names), "verify", should_show(args.format)) as bar:
@@ -271,16 +271,19 @@ def _load_model(spec: str):
         if not hasattr(target, part):
             raise _UsageError(f"{module_name} has no attribute {attr!r}")
         target = getattr(target, part)
-    import torch
 
-    if isinstance(target, torch.nn.Module):
+    def is_module(value) -> bool:  # without importing torch: no nn.Module exists before torch is imported
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(value, torch.nn.Module)
+
+    if is_module(target):
         return target
     if callable(target):
         try:
             model = target()
         except Exception as exc:
             raise _UsageError(f"{spec}() raised {type(exc).__name__}: {_first_line(exc)}") from None
-        if isinstance(model, torch.nn.Module):
+        if is_module(model):
             return model
         raise _UsageError(f"{spec}() returned {type(model).__name__}, not an nn.Module")
     raise _UsageError(f"{spec} is neither an nn.Module nor a factory")
@@ -496,10 +499,10 @@ def _run_apply(args: argparse.Namespace, bar, messages: list[str]) -> tuple[dict
 
     bar.note("loading rules")
     _check_outputs(args)
+    shapes = [_shape(s) for s in args.input]
     paths, rules = _load_rule_set(args)
     bar.advance(note="loading the model")
     model = _load_model(args.model)
-    shapes = [_shape(s) for s in args.input]
     bar.advance(note="exporting" if args.export else "tracing")
     subject, before, inputs = _capture(model, shapes, args.export)
     import torch
@@ -618,13 +621,13 @@ def _explain(args: argparse.Namespace) -> int:
 def _run_explain(args: argparse.Namespace, bar) -> tuple[dict, list[str]]:
     bar.note("loading rules")
     _check_outputs(args)
+    shapes = [_shape(s) for s in args.input]
     paths, rules = _load_rule_set(args)
     if args.rule is not None and args.rule not in rules.names:
         raise _UsageError(f"no rule named {args.rule!r} in {', '.join(args.paths)}; the rules are: "
                           f"{', '.join(rules.names) or 'none'}")
     bar.advance(note="loading the model")
     model = _load_model(args.model)
-    shapes = [_shape(s) for s in args.input]
     bar.advance(note="exporting" if args.export else "tracing")
     subject, before, inputs = _capture(model, shapes, args.export, stack_traces=True)
     from .api import explain

@@ -14,7 +14,7 @@ import torch
 from hypothesis import settings
 
 import fxrules
-from fxrules.verify import VerifyReport, compare, verify
+from fxrules.verification import VerifyReport, compare, verify
 
 ROOT = Path(__file__).resolve().parent.parent
 # Hosts per rule: few in the ci profile (fixed seed), many more under HYPOTHESIS_PROFILE=thorough.
@@ -250,3 +250,27 @@ def test_cli_exit_codes_and_formats(tmp_path):
     missing = _cli(str(good), "--rule", "nope", cwd=tmp_path)
     assert missing.returncode == 2 and "no rule named 'nope'" in missing.stderr
     assert _cli(str(tmp_path / "absent.fxr"), cwd=tmp_path).returncode == 2
+
+
+def test_fxrules_verify_is_the_function():
+    report = fxrules.verify(fxrules.parse_rules("[exact] call_function torch.neg(call_function torch.neg($x)) -> $x"),
+                            max_examples=3, seed=0, database=None)
+    assert isinstance(report, fxrules.VerifyReport) and report.ok
+
+
+def test_the_pytest_helper_gives_one_test_per_rule(tmp_path):
+    (tmp_path / "rules.fxr").write_text(
+        "rule neg_neg [exact]:\n    call_function torch.neg(call_function torch.neg($x)) -> $x\n"
+        "rule times_two [exact]:\n    call_function operator.mul($x, 2) -> $x\n")
+    (tmp_path / "test_rules.py").write_text(
+        "import pytest\n"
+        "from fxrules.testing import assert_rule_verified, rule_cases\n\n"
+        "@pytest.mark.parametrize('case', rule_cases('rules.fxr'))\n"
+        "def test_rule(case):\n"
+        "    assert_rule_verified(case, max_examples=5, seed=0, database=None)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_rules.py"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert "1 failed, 1 passed" in run.stdout, run.stdout + run.stderr
+    assert "test_rule[times_two]" in run.stdout
+    assert "times_two [exact]: wrong" in run.stdout and "counterexample" in run.stdout
