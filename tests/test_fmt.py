@@ -283,7 +283,7 @@ def sprinkled(draw, text: str) -> str:
 CORPUS_TEXTS = [p.read_text(encoding="utf-8") for p in PASS]
 
 
-@settings(max_examples=60)
+@settings(max_examples=max(10, settings().max_examples * 3 // 5))  # 60 under the ci profile
 @given(st.data())
 def test_sprinkled_corpus_formats_safely(data) -> None:
     text = data.draw(st.sampled_from(CORPUS_TEXTS))
@@ -297,7 +297,7 @@ def test_sprinkled_corpus_formats_safely(data) -> None:
     assert len(fmt.comments(out)) == len(fmt.comments(varied))
 
 
-@settings(max_examples=60)
+@settings(max_examples=max(10, settings().max_examples * 3 // 5))  # 60 under the ci profile
 @given(rule_files, st.data())
 def test_random_files_with_comments_format_safely(rule_file, data) -> None:
     from fxrules.printer import print_file
@@ -305,8 +305,9 @@ def test_random_files_with_comments_format_safely(rule_file, data) -> None:
     text = print_file(rule_file)
     varied = data.draw(sprinkled(text))
     assert_formats_safely(varied)
-    if "#" not in varied.replace('"', "").replace("'", ""):  # no comments at all: exactly the printer's text
-        assert fmt.format_text(varied) == text
+    if not fmt.comments(varied):  # no comments: the printer's lines (blank lines between items may be kept)
+        assert [line for line in fmt.format_text(varied).split("\n") if line] == \
+            [line for line in text.split("\n") if line]
 
 
 # ---------------------------------------------------------------------------
