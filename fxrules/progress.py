@@ -14,6 +14,10 @@ a pipe, a file or under ``--format json``. A disabled bar costs one integer addi
 redraws at once: notes mark phases, which are few) and erases its line when the ``with``
 block ends, however it ends, so the terminal keeps only the command's real output.
 
+A callback that reports absolute counts uses :meth:`Progress.update`::
+
+    verify(rules, progress=lambda done, total, name: bar.update(done, note=name))
+
 Use :meth:`Progress.write` to print a line to the same stream while the bar is shown.
 """
 
@@ -72,6 +76,10 @@ class Progress:
             self._draw()
         elif time.monotonic() - self._last_draw >= self.min_interval:
             self._draw()
+
+    def update(self, done: int, note: Optional[str] = None) -> None:
+        """Set the count of steps done to ``done`` (for callbacks that report (done, total, name))."""
+        self.advance(done - self.done, note)
 
     def note(self, text: str) -> None:
         """Show ``text`` after the counter (a phase: "tracing", "rewriting"); redraws at once."""

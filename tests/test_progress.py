@@ -122,6 +122,17 @@ def test_disabled_advance_is_cheap():
     assert elapsed < 1.0, elapsed  # about 0.05 s; far below any engine step it would count
 
 
+def test_update_sets_the_count_for_callbacks():
+    stream = FakeTTY()
+    with progress(3, "verify", True, stream=stream, min_interval=0.0) as bar:
+        for done, name in enumerate(["a", "b", "c"]):
+            bar.update(done, note=name)  # as verify's progress(done, total, name) callback reports
+        bar.update(3)
+    states = _lines(stream.getvalue())
+    assert any("0/3 a" in s for s in states) and any("2/3 c" in s for s in states)
+    assert bar.done == 3 and "3/3" in bar.render()
+
+
 def test_unknown_total_shows_a_running_count():
     stream = FakeTTY()
     with progress(None, "scan", True, stream=stream, min_interval=0.0) as bar:
