@@ -53,13 +53,22 @@ def snapshot_of_this_checkout(destination: Path) -> Path:
     """A clone of this repository with the working tree's uncommitted changes committed."""
     git("clone", "-q", "--no-hardlinks", str(ROOT), str(destination), cwd=ROOT.parent)
     listed = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT).split("\0")
+    for entry in destination.iterdir():  # the snapshot is exactly the working tree's files
+        if entry.name == ".git":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
     for name in filter(None, listed):
         source, target = ROOT / name, destination / name
-        if source.is_file() and not source.is_symlink():
-            target.parent.mkdir(parents=True, exist_ok=True)
+        if not (source.is_symlink() or source.is_file()) or target.is_symlink() or target.exists():
+            continue  # deleted in the working tree, or inside a linked directory already there
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        else:
             shutil.copy2(source, target)
-        elif not source.exists() and (target.exists() or target.is_symlink()):
-            target.unlink()  # deleted in the working tree
     git("add", "-A", cwd=destination)
     if git("status", "--porcelain", cwd=destination).strip():
         git("commit", "-q", "-m", "working tree snapshot", cwd=destination)
