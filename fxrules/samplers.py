@@ -398,7 +398,13 @@ def default_catalogue() -> Catalogue:
         cat.add_function(function, x, Param("p", "prob", optional=True), Param("training", "bool", optional=True),
                          Param("inplace", "bool", optional=True), min_rank=rank[0], max_rank=rank[1])
     cat.add_function(torch.dropout, x, Param("p", "prob"), Param("train", "bool"))
-    cat.add_function(aten.dropout.default, Param("input", "tensor"), Param("p", "prob"), Param("train", "bool"))
+    for name in ("dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"):
+        rank = (2, 4) if name.startswith("feature") else (1, 4)
+        cat.add_function(getattr(aten, name).default, Param("input", "tensor"), Param("p", "prob"),
+                         Param("train", "bool"), min_rank=rank[0], max_rank=rank[1])
+    cat.add_function(aten.flatten.using_ints, Param("self", "tensor"),
+                     Param("start_dim", "dim", of="self", optional=True), Param("end_dim", "dim", of="self",
+                                                                                 optional=True))
     cat.add_function(torch.matmul, x, Param("other", "matmul_rhs", of="input"), min_rank=1)
     cat.add_function(torch.mm, x, Param("mat2", "matmul_rhs", of="input"), min_rank=2, max_rank=2)
     cat.add_function(aten.mm.default, Param("self", "tensor"), Param("mat2", "matmul_rhs", of="self"),

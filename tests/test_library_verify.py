@@ -1,0 +1,27 @@
+"""`fxrules verify rules/` in the test suite: every rule of the bundled library keeps its contract
+on drawn host graphs and on its own examples (one test per rule, through fxrules.testing)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+
+import fxrules
+from fxrules.testing import assert_rule_verified, rule_cases
+
+# A few hosts per rule in the ci profile (fixed seed); HYPOTHESIS_PROFILE=thorough looks much harder.
+HOSTS = max(3, settings.default.max_examples // 30)
+
+
+@pytest.mark.parametrize("case", rule_cases(fxrules.LIBRARY))
+def test_library_rule_keeps_its_contract(case):
+    assert_rule_verified(case, max_examples=HOSTS, seed=0, database=None)
+
+
+def test_every_library_rule_has_checked_evidence():
+    """Validated by hosts or by a positive example, never by default."""
+    for case in rule_cases(fxrules.LIBRARY):
+        case = case.values[0]
+        rule = case.rule_set[case.name]
+        assert any(e.count != 0 for e in rule.ast.examples), f"{case.name} has no positive example"
+        assert any(e.count == 0 for e in rule.ast.examples), f"{case.name} has no negative example"
