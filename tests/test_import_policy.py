@@ -313,3 +313,47 @@ def test_the_fixture_is_importable_only_from_the_repository_root(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "True"
     assert not (tmp_path / "marker.txt").exists()
+
+
+# ---------------------------------------------------------------------------
+# verify and apply through the command, and examples naming hostile code
+# ---------------------------------------------------------------------------
+
+HOSTILE_EXAMPLES = f"""\
+rule relu_relu [exact]:
+    call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)
+    example: call_function os.system($x) given $x: [2]
+    example: call_module {PACKAGE}.Doubler($x) given $x: [2]
+    example 0: call_function {PACKAGE}.double($x) given $x: [2]
+"""
+
+
+@pytest.mark.parametrize("command", ["verify", "apply"])
+def test_verify_and_apply_subprocesses_import_nothing(hostile_file, marker, command):
+    extra = ["--model", "fxrules.zoo:mlp", "--input", "2x16"] if command == "apply" else ["--max-examples", "2"]
+    run = _cli([command, str(hostile_file), *extra], marker)
+    assert run.returncode == 2, run.stdout + run.stderr  # bad rule files are a usage error for both
+    for name in HOSTILE:
+        assert f"{hostile_file}:{line_of(name)}:" in run.stderr, name
+    assert "Traceback" not in run.stderr
+    assert not marker.exists(), marker.read_text()
+
+
+def test_examples_naming_hostile_code_are_located_and_never_run(tmp_path, marker):
+    path = tmp_path / "examples.fxr"
+    path.write_text(HOSTILE_EXAMPLES, encoding="utf-8")
+    with pytest.raises(fxrules.RuleFileError) as info:
+        fxrules.load_rules(path)
+    found = {(d.line, d.code) for d in info.value.diagnostics}
+    assert found == {(3, "forbidden-target"), (4, "import-not-allowed"), (5, "import-not-allowed")}
+    run = _cli(["verify", str(path)], marker)
+    assert run.returncode == 2 and f"{path}:3:" in run.stderr and f"{path}:5:" in run.stderr
+    assert not marker.exists()
+    assert PACKAGE not in sys.modules
+
+
+def test_verify_api_imports_nothing(hostile_file, marker):
+    with pytest.raises(fxrules.RuleFileError) as info:
+        fxrules.verify(str(hostile_file), max_examples=2, database=None)
+    check_diagnostics(as_json(info.value.diagnostics), str(hostile_file))
+    assert not marker.exists()
