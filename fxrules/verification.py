@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import shlex
 import hashlib
 import time
 import warnings
@@ -66,6 +67,7 @@ class Counterexample:
     max_rel: Optional[float]
     code: str  # the host model's forward before the rewrite
     reproduce: Optional[str] = None  # hypothesis' @reproduce_failure line
+    command: Optional[str] = None  # the command line that replays exactly this host
 
     def render(self, indent: str = "    ") -> str:
         lines = [self.problem]
@@ -74,13 +76,15 @@ class Counterexample:
         lines += list(self.facts)
         lines.append("host model:")
         lines += ["  " + line for line in self.code.strip("\n").splitlines()]
-        if self.reproduce:
+        if self.command:
+            lines.append(f"replay it: {self.command}")
+        elif self.reproduce:
             lines.append(f"reproduce: {self.reproduce}")
         return "\n".join(indent + line for line in lines)
 
     def to_json(self) -> dict:
         return {"problem": self.problem, "facts": list(self.facts), "max_abs": self.max_abs, "max_rel": self.max_rel,
-                "code": self.code, "reproduce": self.reproduce}
+                "code": self.code, "reproduce": self.reproduce, "command": self.command}
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,7 @@ class VerifyOptions:
     grad: bool = False
     database: Any = "default"
     catalogue: Any = None
+    reproduce: Optional[str] = None  # a @reproduce_failure(...) line: replay that one host
 
 
 # ---------------------------------------------------------------------------
@@ -390,7 +395,7 @@ class _HostResult:
 def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options: VerifyOptions) -> _HostResult:
     from hypothesis import HealthCheck, Phase, given, reject, settings
     from hypothesis import strategies as st
-    from hypothesis.errors import Flaky, Unsatisfiable
+    from hypothesis.errors import DidNotReproduce, Flaky, Unsatisfiable
 
     from .hosts import HostBuilder, missing_samplers
     from .program import _Compiler
@@ -443,8 +448,13 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
         from hypothesis import seed as hypothesis_seed
 
         wrapped = hypothesis_seed(options.seed)(wrapped)
+    if options.reproduce is not None:
+        wrapped._hypothesis_internal_use_reproduce_failure = parse_reproduce(options.reproduce)
+    from hypothesis.reporting import with_reporter
+
     try:
-        wrapped()
+        with with_reporter(lambda *_: None):  # the verdict tells what matters; hypothesis' own printout is noise
+            wrapped()
     except _Broken as exc:
         notes = [n for n in getattr(exc, "__notes__", []) if "reproduce_failure" in n]
         blob = None
@@ -453,8 +463,15 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
             start = text.find("@reproduce_failure")
             blob = text[start:].split(" as a decorator")[0] if start >= 0 else None
         counterexample = exc.counterexample
+        command = None
+        if blob is not None:
+            path = rule.ast.span.path
+            quoted = f'"{blob}"' if not set(blob) & set('"$`\\!') else shlex.quote(blob)
+            command = f"fxrules verify {shlex.quote(path)} --rule {shlex.quote(rule.name)} --reproduce {quoted}"
         result.counterexample = Counterexample(counterexample.problem, counterexample.facts, counterexample.max_abs,
-                                               counterexample.max_rel, counterexample.code, blob)
+                                               counterexample.max_rel, counterexample.code, blob, command)
+    except DidNotReproduce:
+        result.note = "the given counterexample did not reproduce (the rule, its samplers or hypothesis changed)"
     except Unsatisfiable:
         result.note = ("not verified on host graphs: none of the drawn hosts was rewritten by the rule "
                        f"({result.discarded} declined); add an example")
@@ -463,6 +480,26 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     if result.checked == 0 and result.counterexample is None and result.note is None:
         result.note = "not verified on host graphs: no host was rewritten by the rule; add an example"
     return result
+
+
+def parse_reproduce(text: str) -> tuple[str, bytes]:
+    """``@reproduce_failure('6.170.17', b'...')`` (or just its arguments) -> (version, blob), without eval."""
+    import ast as pyast
+
+    body = text.strip()
+    if body.startswith("@"):
+        body = body[1:]
+    if body.startswith("reproduce_failure"):
+        body = body[len("reproduce_failure"):]
+    try:
+        value = pyast.literal_eval(body)
+    except (ValueError, SyntaxError):
+        value = None
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)
+            and isinstance(value[1], (bytes, str))):
+        raise ValueError(f"not a reproduce line: {text!r} (expected @reproduce_failure('VERSION', b'BLOB'))")
+    blob = value[1].encode() if isinstance(value[1], str) else value[1]
+    return value[0], blob
 
 
 # ---------------------------------------------------------------------------
@@ -533,19 +570,24 @@ def verify_rule(rule_set: RuleSet, name: str, options: VerifyOptions = VerifyOpt
 
 def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: bool = False,
            dtypes: Optional[Iterable[torch.dtype]] = None, database: Any = "default", catalogue=None,
-           names: Optional[Iterable[str]] = None, allow_imports: Iterable[str] = (), progress=None) -> VerifyReport:
+           names: Optional[Iterable[str]] = None, allow_imports: Iterable[str] = (), progress=None,
+           reproduce: Optional[str] = None) -> VerifyReport:
     """Check that every rule keeps its contract; see the module docstring.
 
     ``rules``: a RuleSet or rule file path(s). ``max_examples``: host graphs per rule.
     ``seed``: fix hypothesis' seed (reproducible runs). ``grad``: compare gradients too.
     ``names``: verify only these rules. ``progress``: called with (done, total, rule name).
+    ``reproduce``: a counterexample's ``@reproduce_failure(...)`` line: replay that one host
+    (give one rule in ``names``).
     """
     from .api import _rule_set
 
     rule_set = _rule_set(rules, allow_imports)
     options = VerifyOptions(max_examples=max_examples, seed=seed, grad=grad,
                             dtypes=tuple(dtypes) if dtypes is not None else DEFAULT_DTYPES, database=database,
-                            catalogue=catalogue)
+                            catalogue=catalogue, reproduce=reproduce)
+    if reproduce is not None:
+        parse_reproduce(reproduce)  # a malformed line is a ValueError before any work
     selected = list(names) if names is not None else rule_set.names
     for name in selected:
         rule_set[name]  # an unknown name is a KeyError naming it, before any work

@@ -274,3 +274,17 @@ def test_the_pytest_helper_gives_one_test_per_rule(tmp_path):
     assert "1 failed, 1 passed" in run.stdout, run.stdout + run.stderr
     assert "test_rule[times_two]" in run.stdout
     assert "times_two [exact]: wrong" in run.stdout and "counterexample" in run.stdout
+
+
+def test_a_counterexample_replays_from_its_reproduce_line():
+    (verdict,) = _verify(WRONG_RULES["relu_is_sigmoid"]).verdicts
+    line = verdict.counterexample.reproduce
+    assert verdict.counterexample.command.startswith("fxrules verify wrong.fxr --rule wrong.fxr:1 --reproduce \"@")
+    (again,) = _verify(WRONG_RULES["relu_is_sigmoid"], reproduce=line, seed=None).verdicts
+    assert again.grade == "wrong"
+    assert again.counterexample.problem == verdict.counterexample.problem
+    assert again.counterexample.code == verdict.counterexample.code
+    (other,) = _verify("[exact] call_function torch.neg(call_function torch.neg($x)) -> $x", reproduce=line).verdicts
+    assert other.grade == "unverified" and "did not reproduce" in other.hosts_note
+    with pytest.raises(ValueError, match="not a reproduce line"):
+        _verify(WRONG_RULES["relu_is_sigmoid"], reproduce="import os")
