@@ -94,7 +94,9 @@ class _Line:
 
     @property
     def has_code(self) -> bool:
-        return bool(self.code.strip(_TRAILING))
+        """A token on the line (a line holding only a line continuation `\\` has none)."""
+        code = self.code.strip(_TRAILING)
+        return bool(code) and code != "\\"
 
 
 def _split_line(line: str) -> _Line:
@@ -156,7 +158,14 @@ def _format_item(item: A.Item, region: list[_Line], raw: list[str]) -> list[str]
             elif line.comment is not None:
                 pending.append(line.comment)
         return out
-    return [r.rstrip(_TRAILING) for r in raw]
+    out = [r.rstrip(_TRAILING) for r in raw]
+    # A line continuation ending the item joined it to the blank or comment line after it,
+    # which the gap may drop or move: the item ends here, so the continuation goes.
+    while out and out[-1].endswith("\\") and region[len(out) - 1].comment is None:
+        out[-1] = out[-1][:-1].rstrip(_TRAILING)
+        if not out[-1].strip(_TRAILING):
+            out.pop()
+    return out
 
 
 def _needs_blank(first: A.Item, second: A.Item, path: str) -> bool:
