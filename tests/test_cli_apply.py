@@ -5,9 +5,10 @@ fresh interpreter and compared with the in-memory rewrite, pictures (``--graph``
 fake ``dot`` and with none, bundled rule families, and each bad input: one line on
 stderr, exit 2, never a traceback.
 
-Each interpreter that imports torch costs seconds of CPU. So: the main run and the
-failures found before torch is needed are ``python -m fxrules`` subprocesses, all
-started together; every other case runs in ONE fresh interpreter (``DRIVER``) that calls
+Each interpreter that imports torch costs seconds of CPU. So: the failures found before
+torch is needed are ``python -m fxrules`` subprocesses, all started together (full
+``python -m fxrules apply`` runs are in test_progress.py, on a terminal); every other
+case runs in ONE fresh interpreter (``DRIVER``) that calls
 ``fxrules.cli.main`` (what ``python -m fxrules`` calls) once per command line, with file
 descriptors 1 and 2 captured per call, so it sees exactly what a subprocess would
 print, torch's own logging included.
@@ -216,14 +217,10 @@ Path(sys.argv[2]).write_text(json.dumps(results))
 
 
 def _subprocesses(w: Path) -> dict:
-    """Run as ``python -m fxrules``: the main run, and failures found before torch is imported."""
-    fake, empty = [w / "fakebin"], [w / "emptybin"]
-    cleanup = "cleanup" if LIBRARY is not None else str(ROOT / "rules")
+    """Run as ``python -m fxrules``: failures found before torch is imported (full runs: test_progress.py)."""
+    empty = [w / "emptybin"]
     simple = str(w / "simple.fxr")
     return {
-        "json": (CLI + ["apply", cleanup, *REDUNDANT, *IMAGE, "--diff", "--out", str(w / "out_json"),
-                        "--graph", str(w / "g_json.svg"), "--format", "json"],
-                 _env(fake, FAKE_DOT_LOG=str(w / "dot_json.log"))),
         "no_family": (WITH_LIBRARY + [str(w / "lib"), "apply", "nosuch", *REDUNDANT], _env(empty)),
         "export_no_input": (CLI + ["apply", simple, *REDUNDANT, "--export"], _env(empty)),
         "bad_shape": (CLI + ["apply", simple, *REDUNDANT, "--input", "2xq"], _env(empty)),
@@ -237,8 +234,12 @@ def _subprocesses(w: Path) -> dict:
 def _driven(w: Path) -> list:
     """Run by DRIVER in one interpreter: [key, argv, library or None, environment changes]."""
     empty = {"PATH": str(w / "emptybin")}
+    fake = {"PATH": str(w / "fakebin"), "FAKE_DOT_LOG": str(w / "dot_json.log")}
     simple = str(w / "simple.fxr")
+    cleanup = "cleanup" if LIBRARY is not None else str(ROOT / "rules")
     return [
+        ["json", ["apply", cleanup, *REDUNDANT, *IMAGE, "--diff", "--out", str(w / "out_json"), "--graph",
+                  str(w / "g_json.svg"), "--format", "json"], None, fake],
         ["text", ["apply", simple, *REDUNDANT, "--diff", "--out", str(w / "out_text"), "--graph",
                   str(w / "g_text.png")], None, empty],
         ["export", ["apply", str(w / "aten_relu.fxr"), *REDUNDANT, *IMAGE, "--export", "--out",

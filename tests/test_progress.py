@@ -222,12 +222,14 @@ def _run_on_pty(args: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def pty_runs():
+def pty_runs(tmp_path_factory):
     from concurrent.futures import ThreadPoolExecutor
 
-    commands = {
-        "text": ["apply", "cleanup", "--model", "fxrules.zoo:redundant", "--input", "2x3x16x16"],
-        "json": ["apply", "cleanup", "--model", "fxrules.zoo:redundant", "--input", "2x3x16x16", "--format", "json"],
+    rules = tmp_path_factory.mktemp("pty") / "drop.fxr"
+    rules.write_text("rule remove_dropout [exact]:\n    call_module Dropout($x) as d where not d.training -> $x\n")
+    commands = {  # the text run shows every phase (--input: outputs compared); the json run is kept cheap
+        "text": ["apply", str(rules), "--model", "fxrules.zoo:redundant", "--input", "2x3x16x16"],
+        "json": ["apply", str(rules), "--model", "fxrules.zoo:redundant", "--format", "json"],
     }
     with ThreadPoolExecutor(len(commands)) as pool:
         futures = {key: pool.submit(_run_on_pty, args) for key, args in commands.items()}
@@ -239,7 +241,7 @@ def test_apply_on_a_terminal_shows_phases_then_erases_them(pty_runs):
     assert code == 0, err
     states = [s for s in err.split("\r") if s.strip()]
     phases = [s for s in states if s.startswith("fxrules apply [")]
-    for phase in ("loading rules", "loading the model", "tracing", "rewriting 19 nodes", "comparing outputs"):
+    for phase in ("loading rules", "loading the model", "tracing", "rewriting", "comparing outputs"):
         assert any(phase in s for s in phases), (phase, states)
     assert err.rstrip("\n").endswith("\r")  # the bar's line is blanked at the end
     assert states[-1].startswith("fxrules apply [")  # and nothing else was printed on stderr...
