@@ -41,7 +41,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 from .errors import FxrulesError
 
-__all__ = ["BUILDERS", "BuilderError", "fold_conv_bn", "fold_linear_bn"]
+__all__ = ["BUILDERS", "BuilderError", "fold_conv_bn", "fold_conv_bn_tensors", "fold_linear_bn"]
 
 
 class BuilderError(FxrulesError, ValueError):
@@ -272,6 +272,70 @@ def fold_linear_bn(linear: nn.Module, bn: nn.Module) -> nn.Module:
             # which broadcasts the same but does not fit nn.Linear's state dict. Same values.
             bias = bias.expand(linear.out_features).clone()
     return _finish(_copy(linear), weight, bias, linear.weight.requires_grad)
+
+
+def fold_conv_bn_tensors(
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    eps: float,
+    bn_weight: Optional[torch.Tensor] = None,
+    bn_bias: Optional[torch.Tensor] = None,
+    *,
+    transposed: bool = False,
+) -> tuple[nn.Parameter, nn.Parameter]:
+    """The folded ``(weight, bias)`` of a convolution followed by an eval-mode batch norm, from tensors.
+
+    The tensor-level form of :func:`fold_conv_bn`, for graphs whose convolution and batch norm
+    are ``call_function`` nodes reading their parameters with ``get_attr`` (``torch.export``:
+    ``aten.conv2d.default(x, w, b)`` then ``aten.batch_norm.default(y, gamma, beta, mean, var,
+    False, momentum, eps, cudnn)``). ``aten.conv{1,2,3}d(x, w', b')`` with the returned tensors
+    computes ``batch_norm(conv(x, w, b))``. ``bias``, ``bn_weight`` and ``bn_bias`` may be ``None``
+    (no conv bias; ``affine=False``: weight 1, bias 0). ``transposed``: ``weight`` is a
+    transposed convolution's (``groups == 1`` only; use :func:`fold_conv_bn` otherwise).
+
+    The arithmetic is torch's ``fuse_conv_bn_weights`` (the values of :func:`fold_conv_bn` bit
+    for bit). The results are new parameters (sharing no storage with the inputs, which are not
+    changed) with the dtype and device of ``weight`` (the bias: of ``bias`` if given) and
+    ``requires_grad`` equal to ``weight``'s.
+
+    Rule files cannot call this yet: a replacement can only create modules from matched
+    modules, not ``get_attr`` nodes for new tensors computed from captured ones.
+
+    Raises :class:`BuilderError` if an argument is not a tensor (or ``eps`` not a positive
+    number), the statistics do not have one entry per output channel, or the tensors are on
+    different devices.
+    """
+    tensors = {"weight": weight, "running_mean": running_mean, "running_var": running_var}
+    optional = {"bias": bias, "bn_weight": bn_weight, "bn_bias": bn_bias}
+    for name, value in {**tensors, **optional}.items():
+        if value is None and name in optional:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise BuilderError(f"fold_conv_bn_tensors: {name} must be a tensor, got {_type_name(value)}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise BuilderError(f"fold_conv_bn_tensors: eps must be a positive number, got {eps!r}")
+    if weight.dim() < 3:
+        raise BuilderError(f"fold_conv_bn_tensors: a convolution weight has at least 3 dims, got shape "
+                           f"{tuple(weight.shape)}")
+    channels = weight.shape[1] if transposed else weight.shape[0]
+    for name, value in {"running_mean": running_mean, "running_var": running_var, **optional}.items():
+        if value is not None and tuple(value.shape) != (channels,):
+            raise BuilderError(f"cannot fold: {name} has shape {tuple(value.shape)}, but the convolution has "
+                               f"{channels} output channels")
+    devices = {t.device for t in (*tensors.values(), *optional.values()) if t is not None}
+    if len(devices) > 1:
+        listed = ", ".join(sorted(str(d) for d in devices))
+        raise BuilderError(f"cannot fold: the tensors are on different devices ({listed})")
+    gamma = bn_weight if bn_weight is not None else torch.ones_like(running_mean)
+    beta = bn_bias if bn_bias is not None else torch.zeros_like(running_mean)
+    with torch.no_grad():
+        folded_weight, folded_bias = fuse_conv_bn_weights(
+            weight, bias, running_mean, running_var, float(eps), gamma, beta, transposed)
+    requires_grad = weight.requires_grad
+    return (nn.Parameter(folded_weight.detach().clone(), requires_grad=requires_grad),
+            nn.Parameter(folded_bias.detach().clone(), requires_grad=requires_grad))
 
 
 #: The public builders by name, as rule files may refer to them.

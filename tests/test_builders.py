@@ -472,3 +472,82 @@ def test_module_docstring_states_the_builder_contract() -> None:
     doc = builders.__doc__ or ""
     for phrase in ("in the order the", "new", "never changes its inputs", "BuilderError"):
         assert phrase in doc
+
+
+# ----------------------------------------------------------- fold_conv_bn_tensors
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("conv_bias", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+def test_fold_conv_bn_tensors_equals_the_module_fold(dims, conv_bias, affine):
+    """The tensor form gives fold_conv_bn's parameters bit for bit, and the aten conv with them
+    computes batch_norm(conv(x)), as the aten ops a torch.export graph holds."""
+    with torch.random.fork_rng():
+        torch.manual_seed(dims * 4 + 2 * conv_bias + affine)
+        conv = CONVS[dims](3, 5, 3, padding=1, bias=conv_bias).eval()
+        bn = BATCH_NORMS[dims](5, affine=affine).eval()
+        randomize_bn(bn)
+        if affine:
+            with torch.no_grad():
+                bn.weight.uniform_(0.5, 2.0)
+                bn.bias.uniform_(-1.0, 1.0)
+        x = torch.randn(2, 3, *([6] * dims))
+    before = {k: v.clone() for k, v in (*conv.state_dict().items(), *bn.state_dict().items())}
+    weight, bias = builders.fold_conv_bn_tensors(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                                                 bn.weight, bn.bias)
+    module = fold_conv_bn(conv, bn)
+    assert torch.equal(weight, module.weight) and torch.equal(bias, module.bias)
+    assert isinstance(weight, nn.Parameter) and weight.requires_grad and bias.requires_grad
+    conv_op = {1: torch.ops.aten.conv1d.default, 2: torch.ops.aten.conv2d.default, 3: torch.ops.aten.conv3d.default}[dims]
+    with torch.no_grad():
+        expected = torch.ops.aten.batch_norm.default(conv_op(x, conv.weight, conv.bias, [1] * dims, [1] * dims),
+                                                     bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                                     False, 0.1, bn.eps, False)
+        folded = conv_op(x, weight, bias, [1] * dims, [1] * dims)
+    torch.testing.assert_close(folded, expected, **TOLERANCE[torch.float32])
+    after = {k: v for k, v in (*conv.state_dict().items(), *bn.state_dict().items())}
+    assert all(torch.equal(before[k], after[k]) for k in before), "an input tensor was modified"
+    inputs = [t for t in (conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.weight, bn.bias) if t is not None]
+    pointers = {t.untyped_storage().data_ptr() for t in inputs}
+    assert weight.untyped_storage().data_ptr() not in pointers and bias.untyped_storage().data_ptr() not in pointers
+
+
+def test_fold_conv_bn_tensors_keeps_dtype_and_requires_grad():
+    conv = nn.Conv2d(2, 4, 1, bias=False).double().requires_grad_(False)
+    bn = nn.BatchNorm2d(4, affine=False).double().eval()
+    randomize_bn(bn)
+    weight, bias = builders.fold_conv_bn_tensors(conv.weight, None, bn.running_mean, bn.running_var, bn.eps)
+    assert weight.dtype == bias.dtype == torch.float64
+    assert not weight.requires_grad and not bias.requires_grad
+    assert bias.shape == (4,)
+    x = torch.randn(1, 2, 3, 3, dtype=torch.float64)
+    torch.testing.assert_close(torch.conv2d(x, weight, bias), bn(conv(x)), **TOLERANCE[torch.float64])
+
+
+def test_fold_conv_bn_tensors_transposed():
+    conv = nn.ConvTranspose2d(3, 5, 2).eval()
+    bn = nn.BatchNorm2d(5).eval()
+    randomize_bn(bn)
+    weight, bias = builders.fold_conv_bn_tensors(conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps,
+                                                 bn.weight, bn.bias, transposed=True)
+    module = fold_conv_bn(conv, bn)
+    assert torch.equal(weight, module.weight) and torch.equal(bias, module.bias)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(weight="w"), "weight must be a tensor, got str"),
+    (dict(running_var=None), "running_var must be a tensor, got NoneType"),
+    (dict(eps=0.0), "eps must be a positive number, got 0.0"),
+    (dict(eps=True), "eps must be a positive number, got True"),
+    (dict(weight=torch.zeros(4, 3)), "a convolution weight has at least 3 dims, got shape (4, 3)"),
+    (dict(running_mean=torch.zeros(5)), "running_mean has shape (5,), but the convolution has 4 output channels"),
+    (dict(bn_bias=torch.zeros(4, 1)), "bn_bias has shape (4, 1), but the convolution has 4 output channels"),
+], ids=["weight-not-tensor", "no-running-var", "eps-zero", "eps-bool", "weight-rank", "mean-shape", "beta-shape"])
+def test_fold_conv_bn_tensors_refuses_bad_input(change, message):
+    arguments = dict(weight=torch.randn(4, 3, 3, 3), bias=torch.randn(4), running_mean=torch.zeros(4),
+                     running_var=torch.ones(4), eps=1e-5, bn_weight=torch.ones(4), bn_bias=torch.zeros(4))
+    arguments.update(change)
+    with pytest.raises(BuilderError) as info:
+        builders.fold_conv_bn_tensors(**arguments)
+    assert message in str(info.value)

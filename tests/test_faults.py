@@ -28,6 +28,10 @@ from fxrules import zoo
 from tests.helpers_builders import BuilderBoom
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+# Library files whose rules read no shape/dtype metadata (they apply without example inputs).
+UNTYPED_FILES = ("canonicalize/relu.fxr", "canonicalize/sigmoid.fxr", "canonicalize/tanh.fxr", "cleanup/dropout.fxr",
+                 "cleanup/identity.fxr", "cleanup/neg.fxr", "cleanup/relu.fxr", "cleanup/transpose.fxr",
+                 "fold/conv_bn.fxr")
 
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -570,7 +574,7 @@ def test_two_threads_tracing_at_once():
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    rules = [str(RULES_DIR / "canonical.fxr"), str(RULES_DIR / "cleanup.fxr")]  # no typed rules: no inputs
+    rules = [str(RULES_DIR / f) for f in UNTYPED_FILES]  # no typed rules: no inputs
     env = dict(os.environ)
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
     code = f"RULES = {rules!r}\n" + TWO_TRACERS
