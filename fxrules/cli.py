@@ -534,7 +534,7 @@ def _run_apply(args: argparse.Namespace, bar, messages: list[str]) -> tuple[dict
     try:
         result = apply_rules(subject, rules, example_inputs=None if args.export else inputs)
     except ModelError as exc:
-        raise _UsageError(_cli_hint(str(exc))) from None
+        raise _UsageError(_cli_hint(_first_line(exc))) from None
     except FxrulesError as exc:
         raise _Failure(f"fxrules: {_cli_hint(str(exc))}", EXIT_PROBLEMS) from None
     difference = None
@@ -542,8 +542,16 @@ def _run_apply(args: argparse.Namespace, bar, messages: list[str]) -> tuple[dict
     if inputs is not None:
         bar.note("comparing outputs")
         with torch.no_grad():
-            reference = before(*inputs) if args.export else model(*inputs)
-            outputs = result.module(*inputs)
+            try:
+                reference = before(*inputs) if args.export else model(*inputs)
+            except Exception as exc:
+                raise _UsageError(f"the model does not run on the example inputs: {type(exc).__name__}: "
+                                  f"{_first_line(exc)}") from None
+            try:
+                outputs = result.module(*inputs)
+            except Exception as exc:  # the rules broke the model: a problem with the rules, exit 1
+                raise _Failure(f"fxrules: the rewritten module does not run on the example inputs (the original "
+                               f"does): {type(exc).__name__}: {_first_line(exc)}", EXIT_PROBLEMS) from None
         difference = _max_difference(reference, outputs)
     bar.advance()
     report = result.report
@@ -578,6 +586,7 @@ def _run_apply(args: argparse.Namespace, bar, messages: list[str]) -> tuple[dict
         title = f"{type(model).__name__} ({args.model}): {len(report.applied)} rewrites, nodes " \
                 f"{report.nodes_before} -> {report.nodes_after}"
         try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.graph)), exist_ok=True)
             drawing = draw(args.graph, before, result.module, report, title=title)
         except DrawError as exc:
             raise _UsageError(str(exc)) from None
@@ -656,7 +665,7 @@ def _run_explain(args: argparse.Namespace, bar) -> tuple[dict, list[str]]:
     try:
         misses = explain(subject, rules, rule=args.rule, example_inputs=None if args.export else inputs)
     except ModelError as exc:
-        raise _UsageError(str(exc)) from None
+        raise _UsageError(_cli_hint(_first_line(exc))) from None
     except FxrulesError as exc:
         raise _Failure(f"fxrules: {_cli_hint(str(exc))}", EXIT_PROBLEMS) from None
     entries = [_near_miss(m) for m in misses]
@@ -728,7 +737,12 @@ def _max_difference(a, b) -> float:
         return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
         return max((_max_difference(x, y) for x, y in zip(a, b)), default=0.0)
-    return 0.0 if a == b else float("inf")
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return max((_max_difference(a[k], b[k]) for k in a), default=0.0)
+    try:
+        return 0.0 if bool(a == b) else float("inf")
+    except Exception:  # values that do not compare to a bool (a tensor against a list, ...)
+        return float("inf")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

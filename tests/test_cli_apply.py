@@ -105,6 +105,19 @@ def train_resnet():
 
 
 INSTANCE = zoo.redundant()  # an nn.Module itself, not a factory
+
+
+class DictOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout()
+
+    def forward(self, x, y):
+        return {"a": self.drop(x), "b": [y.transpose(0, 1).transpose(0, 1), x + y]}
+
+
+def dict_out():
+    return DictOut().eval()
 """
 
 RELOAD = """\
@@ -246,6 +259,9 @@ def _driven(w: Path) -> list:
                     str(w / "out_export"), "--graph", str(w / "g_export.html"), "--format", "json"], None, empty],
         ["instance", ["apply", simple, "--model", "cli_models:INSTANCE", "--graph", str(w / "g_instance.dot")],
          None, empty],
+        ["dict_out", ["apply", simple, "--model", "cli_models:dict_out", "--input", "2x3", "--input", "2x3",
+                      "--out", str(w / "out_dict"), "--format", "json"], None, empty],
+        ["bad_inputs", ["apply", simple, *REDUNDANT, "--input", "2x5"], None, empty],
         ["explain", ["explain", str(w / "fold.fxr"), "--model", "cli_models:train_resnet", *IMAGE], None, empty],
         ["explain_json", ["explain", str(w / "aten_relu.fxr"), "--model", "cli_models:train_resnet", *IMAGE,
                           "--export", "--format", "json", "--rule", "aten_relu_idempotent"], None, empty],
@@ -378,6 +394,18 @@ def test_apply_module_attribute_and_dot_file(runs, work):
     assert out.startswith("fxrules: 3 rewrites") and out.rstrip().endswith(f"drew the graph before and after to "
                                                                           f"{work / 'g_instance.dot'}")
     assert "matched: double_transpose" in (work / "g_instance.dot").read_text()
+
+
+def test_apply_two_inputs_and_nested_outputs(runs, work):
+    payload = json.loads(_ok(runs["dict_out"])[0])
+    assert payload["inputs"] == [[2, 3], [2, 3]]
+    assert payload["counts"] == {"remove_dropout": 1, "double_transpose": 1}
+    assert payload["max_abs_difference"] == 0.0 and payload["saved"]["reload_max_abs_difference"] == 0.0
+
+
+def test_inputs_the_model_does_not_run_on(runs):
+    line = _one_line_error(runs["bad_inputs"])
+    assert line.startswith("fxrules: error: the model does not run on the example inputs: RuntimeError: ")
 
 
 # ---------------------------------------------------------------------------
