@@ -28,7 +28,9 @@ module objects are pickled.
 
 Trust: loading runs ``module.py`` and unpickles ``modules.pt`` (``weights_only=False``):
 load only directories you (or your own pipeline) wrote, as you would import only code
-you trust.
+you trust. The pickle names the submodules' classes by import path (``torch.nn.Conv2d``,
+or a model's own leaf modules), so they must be importable where the directory is
+loaded; a submodule that does not pickle is refused when saving, by name.
 
 Exported modules: torch.export's input guard (the ``_guards_fn`` submodule, which checks
 input shapes against the export's constraints and returns nothing) holds local
