@@ -32,7 +32,7 @@ This module imports torch; only the engine imports it.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -343,3 +343,61 @@ BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "fold_conv_bn": fold_conv_bn,
     "fold_linear_bn": fold_linear_bn,
 }
+
+
+_CONV_CLASSES = {3: nn.Conv1d, 4: nn.Conv2d, 5: nn.Conv3d}
+
+
+def fold_aten_conv_bn(
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    bn_weight: Optional[torch.Tensor],
+    bn_bias: Optional[torch.Tensor],
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    eps: float,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> nn.Module:
+    """A convolution module computing ``aten.batch_norm(aten.convNd(x, weight, bias, stride, padding,
+    dilation, groups), bn_weight, bn_bias, running_mean, running_var, False, _, eps, _)``.
+
+    The module-builder form of :func:`fold_conv_bn_tensors` for ``torch.export`` graphs, whose
+    convolution and batch norm are aten calls reading ``get_attr`` parameters: a rule captures
+    those tensors and the conv's hyperparameters and replaces the pair with one
+    ``nn.Conv1d``/``2d``/``3d`` (chosen by the weight's rank) holding the folded parameters::
+
+        call_function aten.batch_norm.default(
+            call_function aten.conv2d.default($x, get_attr $w, $b, $stride, $padding, $dilation, $groups),
+            $gamma, $beta, get_attr $mean, get_attr $var, False, _, $eps, _)
+        -> call_module fxrules.builders.fold_aten_conv_bn($w, $b, $gamma, $beta, $mean, $var, $eps,
+                                                         $stride, $padding, $dilation, $groups)($x)
+
+    ``padding`` may be a string (``"same"``/``"valid"``, as ``aten.conv2d.padding`` takes).
+    Raises :class:`BuilderError` (the rewrite is then declined) for arguments that are not
+    parameters of these shapes, or the statistics' errors :func:`fold_conv_bn_tensors` raises.
+    """
+    if not isinstance(weight, torch.Tensor) or weight.dim() not in _CONV_CLASSES:
+        raise BuilderError(f"fold_aten_conv_bn: the weight must be a 3-, 4- or 5-dim tensor, got "
+                           f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else _type_name(weight)}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise BuilderError(f"fold_aten_conv_bn: groups must be a positive int, got {groups!r}")
+    folded_weight, folded_bias = fold_conv_bn_tensors(weight, bias, running_mean, running_var, eps, bn_weight,
+                                                      bn_bias)
+    cls = _CONV_CLASSES[weight.dim()]
+    out_channels, in_per_group = weight.shape[0], weight.shape[1]
+    try:
+        conv = cls(in_per_group * groups, out_channels, tuple(weight.shape[2:]), stride=_listed(stride),
+                   padding=padding if isinstance(padding, str) else _listed(padding), dilation=_listed(dilation),
+                   groups=groups, bias=True, device=weight.device, dtype=weight.dtype)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise BuilderError(f"fold_aten_conv_bn: cannot build {cls.__name__}: {exc}") from None
+    conv.weight = folded_weight
+    conv.bias = folded_bias
+    return conv.eval()
+
+
+def _listed(value: Any) -> Any:
+    return tuple(value) if isinstance(value, (list, tuple)) else value

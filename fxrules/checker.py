@@ -635,9 +635,14 @@ class _FileChecker:
                 self.error(arg.span, "bad-replacement",
                            "a module builder takes the names of matched modules, not keyword arguments")
                 continue
+            if isinstance(arg, A.Capture):  # a matched parameter (get_attr) or constant, e.g. for aten graphs
+                if arg.name not in scope.captures:
+                    self.unbound_capture(arg.name, arg.span, scope, "the builder's arguments")
+                continue
             if not (isinstance(arg, A.Name) and len(arg.dotted.parts) == 1):
                 self.error(arg.span, "bad-replacement",
-                           "a module builder takes the names of matched modules, as in `fold_conv_bn(conv, bn)`")
+                           "a module builder takes the names of matched modules or captures, as in "
+                           "`fold_conv_bn(conv, bn)` or `fold_aten_conv_bn($w, $b, ...)`")
                 continue
             name = arg.dotted.parts[0]
             if name not in scope.names:

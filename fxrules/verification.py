@@ -562,9 +562,12 @@ def verify_rule(rule_set: RuleSet, name: str, options: VerifyOptions = VerifyOpt
         positive_checked = any(e.grade == "validated" and e.rewrites > 0 for e in examples)
         if _SEVERITY[grade] < _SEVERITY["unverified"] and hosts.checked == 0 and not positive_checked:
             grade = "unverified"
+    note = hosts.note
+    if note is not None and note.endswith("; add an example") and any(e.rewrites > 0 for e in examples):
+        note = note[: -len("; add an example")] + " (its examples verify it)"
     shapes = hosts.shapes_kept | kept
     shapes_kept = None if rule.contract != "changes" or not shapes else all(shapes)
-    return RuleVerdict(rule.name, rule.source, rule.contract, grade, hosts.checked, hosts.discarded, hosts.note,
+    return RuleVerdict(rule.name, rule.source, rule.contract, grade, hosts.checked, hosts.discarded, note,
                        tuple(examples), counterexample, shapes_kept)
 
 
