@@ -300,8 +300,8 @@ def fold_conv_bn_tensors(
     changed) with the dtype and device of ``weight`` (the bias: of ``bias`` if given) and
     ``requires_grad`` equal to ``weight``'s.
 
-    Rule files cannot call this yet: a replacement can only create modules from matched
-    modules, not ``get_attr`` nodes for new tensors computed from captured ones.
+    Rule files reach it through :func:`fold_aten_conv_bn`, a module builder that takes the
+    captured parameters (``rules/aten/fold.fxr``).
 
     Raises :class:`BuilderError` if an argument is not a tensor (or ``eps`` not a positive
     number), the statistics do not have one entry per output channel, or the tensors are on
