@@ -165,10 +165,11 @@ def test_library_rewrites_zoo_models_and_keeps_outputs(name):
 # What the aten family must rewrite in each exported zoo model.
 ATEN_EXPECTED = {
     "mlp": {"aten_dropout_eval"},
+    "resnet": {"aten_fold_conv2d_bn"},
     "transformer": {"aten_dropout_eval"},
     "methods": {"aten_double_transpose", "aten_relu_idempotent", "aten_mul_one", "aten_view_chain"},
     "redundant": {"aten_dropout_eval", "aten_relu_idempotent", "aten_double_transpose", "aten_mul_one",
-                  "aten_add_zero", "aten_flatten_noop"},
+                  "aten_add_zero", "aten_flatten_noop", "aten_fold_conv2d_bn"},
 }
 
 
