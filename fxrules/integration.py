@@ -120,11 +120,14 @@ class RuleBackend:
         self._lock = threading.Lock()
 
     def __call__(self, graph_module: fx.GraphModule, example_inputs: list) -> Callable:
-        # Real example inputs give shape/dtype metadata to the rules' conditions. Under some
-        # configurations dynamo hands over fake tensors; the engine cannot run those, so
-        # metadata-dependent rules then see no metadata (and do not fire).
+        # Shape/dtype metadata for the rules' conditions: dynamo records a fake value of every
+        # node in meta['example_value'], in its own shape environment, so a condition on a
+        # dynamic size adds a guard there and the compiled graph is reused only where the
+        # decision holds. The engine reads meta['val']: lend it the example values for the run.
+        # A graph without them (a backend called by hand) gets metadata from real example inputs.
+        lent = _lend_example_values(graph_module)
         inputs = None
-        if example_inputs and not any(_is_fake(v) for v in example_inputs):
+        if lent is None and example_inputs and not any(_is_fake(v) for v in example_inputs):
             inputs = tuple(example_inputs)
         try:
             result = apply_rules(graph_module, self.rules, example_inputs=inputs,
@@ -136,6 +139,9 @@ class RuleBackend:
                 self.errors.append(exc)
             warnings.warn(f"fxrules: rules not applied to a captured graph: {exc}", RuntimeWarning, stacklevel=2)
             return self._then(graph_module, example_inputs)
+        finally:
+            for node in lent or ():
+                node.meta.pop("val", None)
         with self._lock:
             self.reports.append(result.report)
         _keep_dynamo_attributes(graph_module, result.module)
@@ -149,6 +155,22 @@ class RuleBackend:
     def __repr__(self) -> str:
         then = self.then if isinstance(self.then, str) else getattr(self.then, "__name__", repr(self.then))
         return f"RuleBackend({len(self.rules)} rules, then={then!r}, graphs={len(self.reports)})"
+
+
+def _lend_example_values(graph_module: fx.GraphModule) -> Optional[list]:
+    """Set meta['val'] from dynamo's meta['example_value'] where missing; the nodes changed, or None.
+
+    None when the graph is not a dynamo graph (a placeholder has neither key).
+    """
+    placeholders = graph_module.graph.find_nodes(op="placeholder")
+    if not placeholders or not all("example_value" in n.meta or "val" in n.meta for n in placeholders):
+        return None
+    lent = []
+    for node in graph_module.graph.nodes:
+        if "val" not in node.meta and "example_value" in node.meta:
+            node.meta["val"] = node.meta["example_value"]
+            lent.append(node)
+    return lent
 
 
 def _keep_dynamo_attributes(captured: fx.GraphModule, rewritten: fx.GraphModule) -> None:
@@ -166,6 +188,9 @@ def _keep_dynamo_attributes(captured: fx.GraphModule, rewritten: fx.GraphModule)
         for key, value in getattr(node, "__dict__", {}).items():
             if key not in twin.__dict__:
                 setattr(twin, key, value)
+    for node in rewritten.graph.nodes:  # nodes the rules created: metadata under dynamo's key too
+        if "val" in node.meta and "example_value" not in node.meta:
+            node.meta["example_value"] = node.meta["val"]
 
 
 def compile_backend(rules: Union[RuleSet, str, Any], then: Union[str, Callable] = "inductor", *,

@@ -191,6 +191,42 @@ def test_compile_backend_rewrites_every_captured_graph() -> None:
                                                     {"double_transpose": 1, "add_zero": 1}]
 
 
+def test_compile_backend_with_dynamic_shapes_is_sound() -> None:
+    # Conditions read dynamo's own metadata (meta['example_value'], symbolic sizes), so a
+    # decision on a dynamic size is guarded: the graph rewritten for 3 rows is not reused for 4.
+    rules = fxrules.parse_rules("""
+rule sum_of_three [approx]:
+    call_function torch.sum($x, 0) where $x.shape[0] == 3
+    -> call_function operator.add(call_function operator.add(call_function operator.getitem($x, 0),
+                                                              call_function operator.getitem($x, 1)),
+                                  call_function operator.getitem($x, 2))
+
+rule relu_idempotent [exact]:
+    call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)
+""")
+    backend = fxrules.compile_backend(rules, then="eager")
+
+    def f(x):
+        return torch.sum(torch.relu(torch.relu(x)), 0)
+
+    compiled = torch.compile(f, backend=backend, dynamic=True)
+    for rows in (3, 4, 5, 3):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert backend.reports[0].counts == {"sum_of_three": 1, "relu_idempotent": 1}
+    assert all(r.counts == {"relu_idempotent": 1} for r in backend.reports[1:])
+    assert len(backend.reports) == 3  # 3 rows, then 4, then 5; 3 rows again reuses the first graph
+
+    # a rule that reads no metadata keeps the graph dynamic: one capture for every size
+    torch._dynamo.reset()
+    relu_only = fxrules.compile_backend(rules.select(names=["relu_idempotent"]), then="eager")
+    compiled = torch.compile(f, backend=relu_only, dynamic=True)
+    for rows in (3, 4, 5):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(compiled(x), f(x), atol=0, rtol=0)
+    assert len(relu_only.reports) == 1
+
+
 @pytest.mark.slow
 def test_compile_backend_inductor() -> None:
     model = zoo.redundant()
