@@ -138,10 +138,12 @@ class RuleBackend:
             with self._lock:
                 self.errors.append(exc)
             warnings.warn(f"fxrules: rules not applied to a captured graph: {exc}", RuntimeWarning, stacklevel=2)
-            return self._then(graph_module, example_inputs)
+            result = None
         finally:
-            for node in lent or ():
+            for node in lent or ():  # dynamo's graph goes on exactly as it came
                 node.meta.pop("val", None)
+        if result is None:
+            return self._then(graph_module, example_inputs)
         with self._lock:
             self.reports.append(result.report)
         _keep_dynamo_attributes(graph_module, result.module)
