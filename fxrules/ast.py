@@ -371,7 +371,7 @@ class DefaultContract:
     span: Span = _span()
 
 
-Item = Union[Use, DefaultContract, Rule]
+Item = Union[Use, DefaultContract, Rule, Example]  # an Example item: one with no rule above it (an error)
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,11 +56,12 @@ class _Builder:
             elif kind == "oneline_rule":
                 items.append(self.oneline_rule(child))
             elif kind == "example":
-                if not items or not isinstance(items[-1], A.Rule):
-                    raise self.error(child.children[0], "misplaced-example",
-                                     "an example must follow the rule it illustrates")
-                rule = items[-1]
-                items[-1] = dataclasses.replace(rule, examples=rule.examples + (self.example(child),))
+                example = self.example(child)
+                if items and isinstance(items[-1], A.Rule):  # an example belongs to the rule above it
+                    rule = items[-1]
+                    items[-1] = dataclasses.replace(rule, examples=rule.examples + (example,))
+                else:  # none: kept as an item, so the checker reports it with every other error
+                    items.append(example)
             else:  # pragma: no cover - the grammar has no other items
                 raise AssertionError(kind)
         return A.RuleFile(self.path, tuple(items))

@@ -85,6 +85,11 @@ class _FileChecker:
                 self.use(item)
             elif isinstance(item, A.DefaultContract):
                 default = self.contract_word(item.contract) or default
+            elif isinstance(item, A.Example):
+                self.error(A.Span(item.span.path, item.span.line, item.span.column, item.span.line,
+                                  item.span.column + len("example")), "misplaced-example",
+                           "an example must follow the rule it illustrates",
+                           notes=["write it on the lines after the rule, before the next rule or `use`"])
             else:
                 before = len([d for d in self.diagnostics if d.severity == ERROR])
                 contract = self.contract_word(item.contract) if item.contract is not None else default

@@ -153,8 +153,8 @@ def _run_verify(args: argparse.Namespace) -> int:
     database = None if args.no_database else args.database
     with progress(len(args.rule or rule_set.names), "verify", should_show(args.format)) as bar:
         report = verify(rule_set, max_examples=args.max_examples, seed=args.seed, grad=args.grad, database=database,
-                        names=args.rule, reproduce=args.reproduce, progress=lambda done, total, name: bar.advance(0, note=name) if name
-                        else None)
+                        names=args.rule, reproduce=args.reproduce,
+                        progress=lambda done, total, name: bar.update(done, note=name or ""))
     if args.format == "json":
         json.dump(report.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -106,6 +106,8 @@ def print_item(item: A.Item) -> str:
         return f"default {_contract(item.contract)}"
     if isinstance(item, A.Rule):
         return print_rule(item)
+    if isinstance(item, A.Example):
+        return print_example(item)
     raise TypeError(f"not a rule file item: {item!r}")
 
 
