@@ -131,18 +131,26 @@ def print_rule(rule: A.Rule) -> str:
         header += " " + string_literal(rule.description)
     if rule.contract is not None:
         header += " " + _contract(rule.contract)
+    if len(INDENT + patterns) > WIDTH:
+        patterns = ", ".join(print_expr_wrapped(p, INDENT) for p in rule.patterns)
+    if len(INDENT + replacements) > WIDTH:
+        replacements = "-> " + ", ".join(print_expr_wrapped(r, INDENT) for r in rule.replacements)
     lines = [header + ":", patterns, *wheres, replacements]
-    return ("\n" + INDENT).join(lines + [print_example(e) for e in rule.examples])
+    return ("\n" + INDENT).join(lines + [print_example(e, INDENT) for e in rule.examples])
 
 
-def print_example(example: A.Example) -> str:
-    """``example 2 train: MODEL given $x: float64[2, 3]`` (one line)."""
+def print_example(example: A.Example, indent: str = "") -> str:
+    """``example 2 train: MODEL given $x: float64[2, 3]``: one line, or the model's calls broken
+    over lines (inside their brackets) when that line would be longer than :data:`WIDTH`."""
     head = "example"
     if example.count is not None:
         head += f" {example.count}"
     if example.mode is not None:
         head += f" {example.mode}"
-    text = head + ": " + ", ".join(print_expr(e) for e in example.outputs)
+    outputs = ", ".join(print_expr(e) for e in example.outputs)
+    if len(indent + head + ": " + outputs) > WIDTH:
+        outputs = ", ".join(print_expr_wrapped(e, indent) for e in example.outputs)
+    text = head + ": " + outputs
     if example.inputs:
         text += " given " + ", ".join(print_input(i) for i in example.inputs)
     return text
@@ -206,6 +214,61 @@ _ATOM = 1  # the operand of `as`: a binding must be parenthesized there
 def print_expr(expr: Union[A.Expr, A.Keyword]) -> str:
     """A pattern or replacement expression (or a ``name=value`` keyword)."""
     return _render(expr, _ANY, _expand_expr)
+
+
+WIDTH = 100
+"""Lines of a multi-line rule longer than this are broken inside brackets (:func:`print_expr_wrapped`)."""
+
+_WRAP_DEPTH = 24  # deeper than this, expressions are printed on one line (a bound on the recursion)
+
+
+def print_expr_wrapped(expr: Union[A.Expr, A.Keyword], indent: str, depth: int = 0) -> str:
+    """``print_expr``, with alternations and argument lists broken over lines (one option or one
+    argument a line, inside the brackets, where newlines do not end the statement) until each
+    part fits in :data:`WIDTH` after ``indent``. The same AST either way."""
+    flat = print_expr(expr)
+    if len(indent) + len(flat) <= WIDTH or depth > _WRAP_DEPTH:
+        return flat
+    inner = indent + INDENT
+    if isinstance(expr, A.Alt):
+        options = [print_expr_wrapped(o, indent + "   ", depth + 1) for o in expr.options]
+        return "(" + ("\n" + indent + " | ").join(options) + ")"
+    if isinstance(expr, A.Bind) and not isinstance(expr.expr, A.Bind):
+        return print_expr_wrapped(expr.expr, indent, depth + 1) + " as " + expr.name
+    if isinstance(expr, A.Keyword):
+        return expr.name + "=" + print_expr_wrapped(expr.value, indent, depth + 1)
+    if isinstance(expr, A.Call) and (expr.args or expr.kwargs):
+        head = f"{expr.op} {expr.target.text}"
+        if expr.attrs is not None:
+            head += "{" + ", ".join(print_expr(k) for k in expr.attrs) + "}"
+        if expr.builder_args is not None:
+            head += _wrapped_list([print_expr(a) for a in expr.builder_args], indent, inner, len(head))
+        args = expr.args or ()
+        trailing = len(args)
+        while expr.kwargs and trailing and isinstance(args[trailing - 1], A.Ellipsis_):
+            trailing -= 1
+        arguments = [*args[:trailing], *expr.kwargs, *args[trailing:]]
+        last_line = head.rsplit("\n", 1)[-1]
+        start = len(last_line) if "\n" in head else len(indent) + len(head)
+        flat_args = [print_expr(a) for a in arguments]
+        if start + 2 + len(", ".join(flat_args)) <= WIDTH:
+            return head + "(" + ", ".join(flat_args) + ")"
+        if len(inner) + len(", ".join(flat_args)) + 1 <= WIDTH:  # all arguments on one line of their own
+            return head + "(\n" + inner + ", ".join(flat_args) + ",\n" + indent + ")"
+        lines = [inner + print_expr_wrapped(a, inner, depth + 1) + "," for a in arguments]
+        return head + "(\n" + "\n".join(lines) + "\n" + indent + ")"
+    return flat
+
+
+def _wrapped_list(items: list, indent: str, inner: str, used: int) -> str:
+    """``(a, b, c)`` on one line when it fits after ``used`` characters, else one line of its own
+    (or one item a line) inside the parentheses."""
+    joined = ", ".join(items)
+    if len(indent) + used + len(joined) + 2 <= WIDTH:
+        return "(" + joined + ")"
+    if len(inner) + len(joined) + 1 <= WIDTH:
+        return "(\n" + inner + joined + ",\n" + indent + ")"
+    return "(\n" + "\n".join(inner + item + "," for item in items) + "\n" + indent + ")"
 
 
 def _expand_expr(node: object, context: int) -> list:

@@ -25,3 +25,9 @@ def test_every_library_rule_has_checked_evidence():
         rule = case.rule_set[case.name]
         assert any(e.count != 0 for e in rule.ast.examples), f"{case.name} has no positive example"
         assert any(e.count == 0 for e in rule.ast.examples), f"{case.name} has no negative example"
+
+
+def test_the_library_is_formatted_canonically():
+    from fxrules.fmt import run
+
+    assert run([str(fxrules.LIBRARY)], check=True, diff=False) == 0
