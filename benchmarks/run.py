@@ -29,9 +29,10 @@ alike. A peer run longer than ``--timeout`` seconds is interrupted and shown as
 as ``timeout``). A peer whose time at the previous size, scaled quadratically, predicts
 more than the timeout is not attempted either and is shown as ``timeout*``
 (replace_pattern per submodule name is quadratic by construction: one call per module,
-each scanning and recompiling the whole graph). ``copy ms`` is ``copy.deepcopy`` of the
-input graph, which apply_rules does first (it never edits its input; the peers edit in
-place). Every tool's result is checked: its outputs on a random input equal the
+each scanning and recompiling the whole graph). ``copy ms`` is
+``fxrules.transaction.copy_graph`` of the input graph (what ``copy.deepcopy`` of the graph
+makes, faster), which apply_rules does first (it never edits its input; the peers edit in
+place). ``--parse`` times ``fxrules.parse_rules`` on generated files of that many rules. Every tool's result is checked: its outputs on a random input equal the
 original model's (bit for bit for [exact] workloads, within 1e-4 relative for conv+bn
 folding), and the tools' rewrite counts and final node counts agree. The exit status is 1
 when any check fails, so ``--smoke`` (tiny graphs, one repeat, every workload, well under
@@ -61,6 +62,7 @@ from torch import fx
 
 import fxrules
 from fxrules.program import compile_rules
+from fxrules.transaction import copy_graph
 
 from . import graphs
 from .workloads import WORKLOADS, Workload
@@ -182,7 +184,7 @@ class Bench:
         self.ref_cache: dict = {}
         self.timed_out: dict = {}  # (tool, workload) -> size at which it timed out
         self.last: dict = {}  # (tool, workload) -> (nodes, median seconds) of its last measurement
-        self.graph_copy: dict = {}  # (family, depth) -> seconds to deepcopy the graph
+        self.graph_copy: dict = {}  # (family, depth) -> seconds to copy the graph (copy_graph)
         self.runners: dict = {}  # (tool, workload) -> runner
         self.rows: list[Row] = []
         self.failures: list[str] = []
@@ -288,7 +290,7 @@ class Bench:
             row.floor_scan, row.floor_recompile = cells["scan"].seconds, cells["recompile"].seconds
             key = (g.family, g.depth)
             if key not in self.graph_copy:  # informative, and the same for every workload on this graph
-                self.graph_copy[key] = measure(lambda gm: copy.deepcopy(gm.graph), same, self.repeat(g.nodes),
+                self.graph_copy[key] = measure(lambda gm: copy_graph(gm.graph), same, self.repeat(g.nodes),
                                                None, a.budget)[0].seconds
             row.graph_copy = self.graph_copy[key]
         self.cross_check(w, row)
@@ -394,6 +396,73 @@ class Bench:
         }
 
 
+def parse_texts(count: int) -> str:
+    """``count`` distinct generated rules (about 26 tokens each), as one file's text.
+
+    The workload generator's rules (``torch.A(torch.B($x))``, ``x.B().A()``, module pairs,
+    near misses) while its distinct pairs last, then the same patterns again under new names.
+    """
+    from .workloads import _gen_text, _generated
+
+    pool = _generated(min(count, 3000))
+    parts = []
+    for i in range(count):
+        text = _gen_text(i, pool[i % len(pool)])
+        if i >= len(pool):
+            text = text.replace(f"rule gen_{i:03d}_", f"rule gen_{i:03d}_again{i // len(pool)}_", 1)
+        parts.append(text)
+    return "\n".join(parts) + "\n"
+
+
+def time_parsing(counts: list[int], repeat: int) -> list[dict]:
+    """parse+check (``fxrules.parse_rules``) of generated files: median seconds per size."""
+    fxrules.parse_rules(parse_texts(10), "<warm-up>")  # builds the Lark parser once, outside the timing
+    out = []
+    for count in counts:
+        text = parse_texts(count)
+        times = []
+        for _ in range(repeat if count <= 5000 else max(1, repeat // 2)):
+            gc.collect()
+            started = time.perf_counter()
+            rules = fxrules.parse_rules(text, f"<{count} rules>")
+            times.append(time.perf_counter() - started)
+        if len(rules) != count:
+            raise AssertionError(f"parsed {len(rules)} of {count} rules")
+        out.append({"rules": count, "characters": len(text), "median_s": statistics.median(times), "all_s": times})
+        print(f"  parse+check {count:6} rules  {statistics.median(times) * 1000:.0f} ms", file=sys.stderr,
+              flush=True)
+    return out
+
+
+def parse_table(results: list[dict]) -> str:
+    lines = ["| rules | characters | parse+check ms | per rule us |", "|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['rules']} | {r['characters']} | {r['median_s'] * 1000:.0f} | "
+                     f"{r['median_s'] / r['rules'] * 1e6:.0f} |")
+    return "\n".join(lines)
+
+
+def scaling_table(rows: list) -> str:
+    """Per workload and tool, the exponent k in time ~ nodes^k between the smallest and largest size."""
+    by_workload: dict = {}
+    for r in rows:
+        by_workload.setdefault(r.workload, []).append(r)
+    lines = ["| workload | sizes | fxrules | replace_pattern | inductor | floor |", "|---|---|---|---|---|---|"]
+    import math
+
+    for name, group in by_workload.items():
+        if len(group) < 2:
+            continue
+        lo, hi = min(group, key=lambda r: r.nodes), max(group, key=lambda r: r.nodes)
+        cells = []
+        for tool in ("fxrules", "replace_pattern", "inductor", "floor"):
+            a = lo.floor if tool == "floor" else lo.cells[tool].seconds
+            b = hi.floor if tool == "floor" else hi.cells[tool].seconds
+            cells.append("-" if not a or not b else f"{math.log(b / a) / math.log(hi.nodes / lo.nodes):.2f}")
+        lines.append(f"| {name} | {lo.nodes}-{hi.nodes} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _commit() -> Optional[str]:
     """The checkout's commit (with ``+dirty`` when it has changes), if git can say."""
     import subprocess
@@ -454,12 +523,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", help="also write every measurement to this file")
     p.add_argument("--profile", action="store_true", help="print a cProfile of one fxrules run per cell")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; see README)")
+    p.add_argument("--parse", default="100,2000,20000",
+                   help="rule counts for the parse+check timing (comma-separated; empty: none)")
     args = p.parse_args(argv)
     if args.smoke:
         args.sizes, args.repeat, args.warmup = "300", 1, False
+        args.parse = "100" if args.parse == "100,2000,20000" else args.parse
     if args.workloads is None:
         args.workloads = ",".join(WORKLOADS)
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s]
+    args.parse = [int(s) for s in str(args.parse).split(",") if s]
     args.workloads = [s for s in args.workloads.split(",") if s]
     args.tools = [s for s in args.tools.split(",") if s]
     for name in args.workloads:
@@ -480,10 +553,19 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"{torch.get_num_threads()} torch thread(s); sizes {args.sizes}, repeat {args.repeat}, "
           f"timeout {args.timeout:.0f} s", file=sys.stderr)
     bench.run()
+    parsing = time_parsing(args.parse, args.repeat) if args.parse else []
     print(bench.table())
+    if len(args.sizes) > 1:
+        print("\nScaling exponents (time ~ nodes^k, smallest to largest size):\n")
+        print(scaling_table(bench.rows))
+    if parsing:
+        print("\nParse and check (`fxrules.parse_rules`) of generated rule files:\n")
+        print(parse_table(parsing))
     if args.json:
+        data = bench.to_json()
+        data["parsing"] = parsing
         with open(args.json, "w") as f:
-            json.dump(bench.to_json(), f, indent=1, default=str)
+            json.dump(data, f, indent=1, default=str)
     print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
     if bench.failures:
         print(f"\n{len(bench.failures)} check(s) FAILED:", file=sys.stderr)

@@ -26,12 +26,12 @@ from torch import fx, nn
 from .conditions import Evaluator, MissingMetadata
 from .errors import FxrulesError
 from .parser import ensure_recursion_limit
-from .matcher import GraphView, Match, Miss, match_program
+from .matcher import GraphView, Match, Miss, match_program, may_match
 from .planner import Plan, plan
 from .program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
 from .report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
 from .rules import RuleSet
-from .transaction import ModelError, Workpiece, apply_match
+from .transaction import ModelError, Workpiece, apply_match, copy_graph
 
 
 class RewriteError(FxrulesError):
@@ -75,9 +75,7 @@ def prepare(model: Any, *, tracer: Optional[fx.Tracer] = None, concrete_args: Op
             raise ModelError(f"cannot unlift the ExportedProgram: {type(exc).__name__}: {exc}") from exc
         work = Workpiece(module.graph, module, class_name=type(module).__name__, donor=module)
     elif isinstance(model, fx.GraphModule):
-        import copy
-
-        graph = copy.deepcopy(model.graph)
+        graph = copy_graph(model.graph)
         work = Workpiece(graph, model, class_name=type(model).__name__, donor=model)
     elif isinstance(model, nn.Module):
         work = _trace(model, tracer, concrete_args)
@@ -243,9 +241,9 @@ class _Session:
                 return condition
         return None
 
-    def try_match(self, program: Program, node: fx.Node) -> "Match | Miss":
+    def try_match(self, program: Program, node: fx.Node, *, explain: bool = False) -> "Match | Miss":
         try:
-            return match_program(program, node, self.view)
+            return match_program(program, node, self.view, explain=explain)
         except (RewriteError, RewriteLoopError):
             raise
         except Exception as exc:
@@ -264,6 +262,8 @@ class _Session:
 
         def push(node: fx.Node) -> None:
             for program in candidates(node, module_of):
+                if program.requires and not may_match(program, node, module_of):
+                    continue  # re-examined if its inputs change: a replaced input's users are revisited
                 key = (program.rule.index, node)
                 if key not in queued:
                     queued.add(key)
@@ -372,6 +372,8 @@ def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None,
     found: list[MatchInfo] = []
     for node in work.graph.nodes:
         for program in session.compiled.candidates(node, work.module_of):
+            if program.requires and not may_match(program, node, work.module_of):
+                continue
             result = session.try_match(program, node)
             if isinstance(result, Miss) or session.conditions(result) is not None:
                 continue
@@ -393,7 +395,7 @@ def run_explain(model: Any, rule_set: RuleSet, *, rule: Optional[str] = None, ex
     misses: list[NearMiss] = []
     for node in work.graph.nodes:
         for program in session.compiled.candidates(node, work.module_of):
-            result = session.try_match(program, node)
+            result = session.try_match(program, node, explain=True)
             trace = node.meta.get("stack_trace")
             if isinstance(result, Miss):
                 misses.append(NearMiss(program.name, str(result.span), node.name, result.reason, result.depth, trace))

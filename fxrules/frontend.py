@@ -15,7 +15,7 @@ from .builder import build
 from .checker import check_duplicates, check_file
 from .errors import ERROR, Diagnostic, RuleFileError
 from .names import Resolver
-from .parser import parse_tree
+from .parser import parse_tree, paused_gc
 from .rules import CheckedRule, RuleSet
 from .source import Source, expand, read
 
@@ -29,6 +29,11 @@ def parse_source(source: Source) -> A.RuleFile:
 
 def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, list[Diagnostic]]:
     """Check sources; returns the rules that are free of errors and every diagnostic."""
+    with paused_gc():  # the stages allocate many long-lived objects: see fxrules.parser.paused_gc
+        return _analyze(sources, resolver)
+
+
+def _analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, list[Diagnostic]]:
     diagnostics: list[Diagnostic] = []
     rules: list[CheckedRule] = []
     asts: list[A.Rule] = []

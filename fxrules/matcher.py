@@ -89,19 +89,22 @@ class GraphView:
 
 
 class _Matcher:
-    def __init__(self, program: Program, view: GraphView):
+    def __init__(self, program: Program, view: GraphView, explain: bool = True):
         self.program = program
         self.view = view
+        self.explain = explain
         self.env = Bindings()
         self.fail_depth = -1
         self.fail_reason = ""
         self.fail_span = program.rule.span
         self.depth = 0
 
-    def fail(self, reason: str, span: Optional[A.Span] = None) -> bool:
+    def fail(self, reason: Callable[[], str], span: Optional[A.Span] = None) -> bool:
+        """Record a failure (the deepest one is reported); ``reason`` is only formatted when explaining."""
         if self.depth > self.fail_depth:
             self.fail_depth = self.depth
-            self.fail_reason = reason
+            if self.explain:
+                self.fail_reason = reason()
             self.fail_span = span if span is not None else self.fail_span
         return False
 
@@ -115,14 +118,14 @@ class _Matcher:
         if kind is PWildcard:
             return True
         if kind is PLiteral:
-            return _same_literal(pattern.value, value) or self.fail(
+            return _same_literal(pattern.value, value) or self.fail(lambda:
                 f"expected the literal {pattern.value!r}, found {_show(value)}", pattern.span)
         if kind is PConst:
-            return _same_constant(pattern.value, value) or self.fail(
+            return _same_constant(pattern.value, value) or self.fail(lambda:
                 f"expected {pattern.label}, found {_show(value)}", pattern.span)
         if kind is PSeq:
             if not isinstance(value, (list, tuple)) or len(value) != len(pattern.items):
-                return self.fail(f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
+                return self.fail(lambda: f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
             return all(self.match(p, v) for p, v in zip(pattern.items, value))
         if kind is PBind:
             if not self.match(pattern.inner, value):
@@ -134,7 +137,7 @@ class _Matcher:
             if bound is _MISSING:
                 self.env.pending_refs.append((pattern.name, value))
                 return True
-            return bound is value or self.fail(f"expected the node named `{pattern.name}` ({_show(bound)}), "
+            return bound is value or self.fail(lambda: f"expected the node named `{pattern.name}` ({_show(bound)}), "
                                                f"found {_show(value)}", pattern.span)
         if kind is PAlt:
             for option in pattern.options:
@@ -154,13 +157,13 @@ class _Matcher:
             return True
         if _same_value(bound, value):
             return True
-        return self.fail(f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
+        return self.fail(lambda: f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
 
     def get_attr(self, pattern: PGetAttr, value: Any) -> bool:
         if not isinstance(value, fx.Node) or value.op != "get_attr":
-            return self.fail(f"expected a get_attr node, found {_show(value)}", pattern.span)
+            return self.fail(lambda: f"expected a get_attr node, found {_show(value)}", pattern.span)
         if pattern.qualname is not None and value.target != pattern.qualname:
-            return self.fail(f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
+            return self.fail(lambda: f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
         if pattern.capture is not None and not self.capture(pattern.capture, value, pattern.span):
             return False
         self.env.attrs[value] = None
@@ -169,20 +172,20 @@ class _Matcher:
     # -- calls ----------------------------------------------------------------
     def call(self, pattern: PCall, value: Any) -> bool:
         if not isinstance(value, fx.Node):
-            return self.fail(f"expected {pattern.op} {pattern.label}, found {_show(value)}", pattern.span)
+            return self.fail(lambda: f"expected {pattern.op} {pattern.label}, found {_show(value)}", pattern.span)
         if value.op != pattern.op:
-            return self.fail(f"expected {pattern.op} {pattern.label}, found {value.op} {_target(value)}", pattern.span)
+            return self.fail(lambda: f"expected {pattern.op} {pattern.label}, found {value.op} {_target(value)}", pattern.span)
         module = None
         if pattern.op == "call_module":
             module = self.view.module_of(value.target)
             if module is None or not any(_module_matches(module, cls) for cls in pattern.targets):
-                return self.fail(f"expected a {pattern.label} module, found {type(module).__name__} "
+                return self.fail(lambda: f"expected a {pattern.label} module, found {type(module).__name__} "
                                  f"`{value.target}`", pattern.span)
         elif pattern.op == "call_method":
             if value.target not in pattern.targets:
-                return self.fail(f"expected method {pattern.label}, found {value.target}", pattern.span)
+                return self.fail(lambda: f"expected method {pattern.label}, found {value.target}", pattern.span)
         elif not any(value.target is t or _safe_eq(value.target, t) for t in pattern.targets):
-            return self.fail(f"expected {pattern.label}, found {_target(value)}", pattern.span)
+            return self.fail(lambda: f"expected {pattern.label}, found {_target(value)}", pattern.span)
         self.depth += 1
         try:
             if pattern.attrs and not self.attributes(pattern, module):
@@ -198,10 +201,10 @@ class _Matcher:
         for name, expected in pattern.attrs:
             actual = getattr(module, name, _MISSING)
             if actual is _MISSING:
-                return self.fail(f"the module has no attribute `{name}`", pattern.span)
+                return self.fail(lambda: f"the module has no attribute `{name}`", pattern.span)
             actual = _attribute_value(actual, expected)
             if not self.match(expected, actual):
-                return self.fail(f"attribute `{name}` is {actual!r}", pattern.span)
+                return self.fail(lambda: f"attribute `{name}` is {actual!r}", pattern.span)
         return True
 
     def arguments(self, pattern: PCall, node: fx.Node) -> bool:
@@ -226,15 +229,14 @@ class _Matcher:
                 if have is _MISSING:
                     have = signatures.default(sig, param)
                     if have is signatures.EMPTY:
-                        return self.fail(f"argument `{param}` is missing", pattern.span)
+                        return self.fail(lambda: f"argument `{param}` is missing", pattern.span)
                 if not self.match(want, have):
-                    return self.fail(f"argument `{param}` does not match: {_show(have)}", pattern.span)
+                    return self.fail(lambda: f"argument `{param}` does not match: {_show(have)}", pattern.span)
             elif have is not _MISSING and not pattern.rest:
                 default = signatures.default(sig, param)
                 if default is signatures.EMPTY or not _same_value(default, have):
-                    shown = "no default" if default is signatures.EMPTY else f"the default {default!r}"
-                    return self.fail(f"argument `{param}` is {_show(have)}; the pattern does not mention it, so it "
-                                     f"must be absent or at {shown} (end the pattern's arguments with `...` to "
+                    return self.fail(lambda: f"argument `{param}` is {_show(have)}; the pattern does not mention it, so it "
+                                     f"must be absent or at {_shown_default(default)} (end the pattern's arguments with `...` to "
                                      f"accept any)", pattern.span)
         if pattern.rest:
             self.env.rest = _rest(pattern, node, expected)
@@ -244,7 +246,7 @@ class _Matcher:
         args, kwargs = node.args, node.kwargs
         count = len(pattern.args)
         if len(args) < count or (len(args) > count and not pattern.rest):
-            return self.fail(f"expected {count} positional argument{'s' * (count != 1)}, found {len(args)}",
+            return self.fail(lambda: f"expected {count} positional argument{'s' * (count != 1)}, found {len(args)}",
                              pattern.span)
         for want, have in zip(pattern.args, args):
             if not self.match(want, have):
@@ -252,12 +254,12 @@ class _Matcher:
         named = {name for name, _ in pattern.kwargs}
         for name, want in pattern.kwargs:
             if name not in kwargs:
-                return self.fail(f"keyword argument `{name}` is missing", pattern.span)
+                return self.fail(lambda: f"keyword argument `{name}` is missing", pattern.span)
             if not self.match(want, kwargs[name]):
                 return False
         extra = [k for k in kwargs if k not in named]
         if extra and not pattern.rest:
-            return self.fail(f"keyword argument `{extra[0]}` is not in the pattern", pattern.span)
+            return self.fail(lambda: f"keyword argument `{extra[0]}` is not in the pattern", pattern.span)
         if pattern.rest:
             self.env.rest = (tuple(args[count:]), {k: v for k, v in kwargs.items() if k not in named})
         return True
@@ -326,6 +328,10 @@ def _target(node: fx.Node) -> str:
     return getattr(target, "__name__", None) or str(target)
 
 
+def _shown_default(default: Any) -> str:
+    return "no default" if default is signatures.EMPTY else f"the default {default!r}"
+
+
 def _show(value: Any) -> str:
     if isinstance(value, fx.Node):
         return f"%{value.name} ({value.op} {_target(value)})" if value.op != "placeholder" else f"%{value.name}"
@@ -333,9 +339,36 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def match_program(program: Program, node: fx.Node, view: GraphView) -> "Match | Miss":
-    """Match ``program`` with its first root at ``node``."""
-    matcher = _Matcher(program, view)
+def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any]) -> bool:
+    """False when ``program`` cannot match at ``node``: an argument call pattern of its first root
+    matches none of the node's inputs by op and target (``Program.requires``). A cheap test that
+    never reads more than the inputs' op, target and module type; True says nothing."""
+    for pattern in program.requires:
+        op, targets = pattern.op, pattern.targets
+        for value in node.all_input_nodes:
+            if value.op != op:
+                continue
+            if op == "call_module":
+                module = module_of(value.target)
+                if module is not None and any(_module_matches(module, cls) for cls in targets):
+                    break
+            elif op == "call_method":
+                if value.target in targets:
+                    break
+            elif any(value.target is t or _safe_eq(value.target, t) for t in targets):
+                break
+        else:
+            return False
+    return True
+
+
+def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: bool = True) -> "Match | Miss":
+    """Match ``program`` with its first root at ``node``.
+
+    With ``explain=False`` a :class:`Miss` carries no reason text (formatting it is most of
+    the cost of a failed attempt; only ``explain`` shows it).
+    """
+    matcher = _Matcher(program, view, explain)
     if not matcher.match(program.roots[0], node):
         return Miss(program, node, matcher.fail_depth, matcher.fail_reason or "the root does not match",
                     matcher.fail_span)

@@ -130,7 +130,7 @@ class RNewModule:
 class RBuilder:
     function: Any
     label: str
-    names: tuple[str, ...]
+    names: tuple[str, ...]  # `as` names of matched modules; "$x" for a capture (a parameter or a constant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +165,7 @@ class Program:
     replacements: tuple  # Replacement per root
     keys: tuple  # index keys of the first root
     needs_metadata: bool  # a condition reads shape/dtype of a node
+    requires: tuple = ()  # PCall patterns that must each match an input node of the first root (see _requires)
 
     @property
     def name(self) -> str:
@@ -291,7 +292,9 @@ class _Compiler:
             target = call.target.parts[0]
         elif call.builder_args is not None:
             function = self.resolve(self.full(call.target), call.target.span, "unknown-builder")
-            target = RBuilder(function, call.target.text, tuple(a.dotted.parts[0] for a in call.builder_args))
+            # matched module names, and captures as "$name" (their values: parameters or constants)
+            target = RBuilder(function, call.target.text, tuple(
+                "$" + a.name if isinstance(a, A.Capture) else a.dotted.parts[0] for a in call.builder_args))
         elif len(call.target.parts) == 1 and call.target.parts[0] in self.bound_names:
             target = RReuse(call.target.parts[0])
         else:
@@ -310,7 +313,7 @@ class _Compiler:
         roots = tuple(self.pattern(p) for p in ast.patterns)
         replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
-                       any(_reads_metadata(c) for c in ast.conditions))
+                       any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]))
 
 
 def _seq(value: Any) -> Any:
@@ -349,6 +352,46 @@ def _keys(pattern: Pattern) -> tuple:
     if isinstance(pattern, PCall):
         return tuple((pattern.op, t) for t in pattern.targets)
     return ()
+
+
+def _requires(root: Pattern) -> tuple:
+    """The call patterns among the first root's direct arguments: a cheap test before matching.
+
+    Each must match a node among the root node's inputs (a call pattern only matches a graph
+    node, and an argument's node is an input), so a node none of whose inputs has the pattern's
+    op and target cannot match: the engine skips it without binding arguments. Empty (no test)
+    when the pattern reads module attributes anywhere: matching reads them (which may raise)
+    before it gets to the arguments, and skipping must not hide such an error.
+    """
+    while isinstance(root, PBind):
+        root = root.inner
+    if not isinstance(root, PCall) or root.args is None or _reads_attrs(root):
+        return ()
+    found = []
+    for arg in tuple(root.args) + tuple(v for _, v in root.kwargs):
+        while isinstance(arg, PBind):
+            arg = arg.inner
+        if isinstance(arg, PCall):
+            found.append(arg)
+    return tuple(found)
+
+
+def _reads_attrs(pattern: Pattern) -> bool:
+    stack = [pattern]
+    while stack:
+        p = stack.pop()
+        if isinstance(p, PCall):
+            if p.attrs:
+                return True
+            stack.extend(p.args or ())  # the overloads bind these same pattern objects
+            stack.extend(v for _, v in p.kwargs)
+        elif isinstance(p, PAlt):
+            stack.extend(p.options)
+        elif isinstance(p, PSeq):
+            stack.extend(p.items)
+        elif isinstance(p, PBind):
+            stack.append(p.inner)
+    return False
 
 
 def _reads_metadata(cond: A.Cond) -> bool:

@@ -1,0 +1,322 @@
+"""The engine's shortcuts change nothing but the time.
+
+* ``copy_graph`` makes what ``copy.deepcopy(graph)`` makes (names, arguments, metadata,
+  the names later nodes get);
+* the pre-check before matching (``Program.requires`` / ``may_match``) skips exactly the
+  attempts that would fail: with it disabled, every report and every graph is the same;
+* the index of module callers used to reuse a replaced module's name gives the names the
+  graph scan gave.
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.testing import assert_close
+
+import fxrules
+from fxrules import engine, zoo
+from fxrules.transaction import copy_graph
+
+
+def seeded(build, seed: int = 0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.1)
+        self.bias = nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        y = self.fc(self.norm(x))
+        y = torch.matmul(y, y.transpose(0, 1)) @ y
+        y = torch.relu(torch.relu(y)) + self.bias
+        y = F.softmax(y, dim=-1) + x.sum(dim=1, keepdim=True)
+        return x + self.drop(y.transpose(0, 1).transpose(0, 1))
+
+
+class Net(nn.Module):
+    def __init__(self, depth: int = 3):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(depth))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _node_facts(graph: fx.Graph) -> list:
+    return [(n.name, n.op, n.target, n.type, repr(n.args), repr(n.kwargs), type(n.args), type(n.kwargs),
+             [u.name for u in n.users], dict(n.meta)) for n in graph.nodes]
+
+
+@pytest.mark.parametrize("build", [lambda: Net(), lambda: zoo.deep_cnn(3)])
+def test_copy_graph_is_what_deepcopy_makes(build):
+    gm = fx.symbolic_trace(seeded(build).eval())
+    for node in gm.graph.nodes:
+        node.meta["mark"] = [node.name]  # shallow-copied: the same list object in both copies
+    original = _node_facts(gm.graph)
+    ours, theirs = copy_graph(gm.graph), copy.deepcopy(gm.graph)
+    assert _node_facts(ours) == _node_facts(theirs) == original
+    assert ours.python_code("self").src == theirs.python_code("self").src
+    for a, b, o in zip(ours.nodes, theirs.nodes, gm.graph.nodes):
+        assert a is not o and a.graph is ours
+        assert a.meta is not o.meta and a.meta["mark"] is o.meta["mark"]
+        assert a._sort_key == b._sort_key
+    assert len(ours.nodes) == len(theirs.nodes)
+    ours.lint()
+    # nodes created later get the same names in both copies
+    for graph in (ours, theirs):
+        with graph.inserting_before(graph.output_node()):
+            first = next(n for n in graph.nodes if n.op == "placeholder")
+            graph.call_function(torch.relu, (first,))
+            graph.call_method("transpose", (first, 0, 1))
+    assert [n.name for n in ours.nodes] == [n.name for n in theirs.nodes]
+    assert sorted(n.name for n in ours.find_nodes(op="call_function", target=torch.relu)) == \
+        sorted(n.name for n in theirs.find_nodes(op="call_function", target=torch.relu))
+    # and the original graph is untouched
+    assert _node_facts(gm.graph) == original
+
+
+NEAR_MISSES = "\n".join(
+    f"rule near_{name}:\n    call_function torch.matmul(call_function torch.{name}($x), $y) -> "
+    f"call_function torch.matmul($x, $y)\n"
+    f"rule near_add_{name}:\n    call_function operator.add($x, call_function torch.{name}($y)) -> "
+    f"call_function operator.add($x, $y)\n"
+    for name in ("sin", "cos", "exp", "tanh", "sigmoid", "erf"))
+
+MATCHING = """
+rule relu_twice:
+    call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)
+rule double_transpose:
+    call_method transpose(call_method transpose($x, $a, $b), $a, $b) -> $x
+rule no_dropout:
+    call_module Dropout($x) as d where not d.training -> $x
+rule matmul_of_transpose:
+    call_function torch.matmul($y, call_method transpose($x, 0, 1)) -> call_function torch.mm($y, call_method t($x))
+rule add_bias:
+    call_function operator.add(call_function torch.relu($x), get_attr $b) -> call_function torch.add(call_function torch.relu($x), $b)
+"""
+
+
+def _rules() -> fxrules.RuleSet:
+    return fxrules.parse_rules(NEAR_MISSES + MATCHING, "speed.fxr")
+
+
+def _summary(result: fxrules.RewriteResult) -> tuple:
+    report = result.report
+    return (report.applied, report.rejected, report.nodes_before, report.nodes_after, result.module.code)
+
+
+def test_the_pre_check_changes_no_result(monkeypatch):
+    model = seeded(Net).eval()
+    gm = fx.symbolic_trace(model)
+    rules = _rules()
+    fast = fxrules.apply_rules(gm, rules)
+    found_fast = fxrules.find_matches(gm, rules)
+    assert fast.report.applied  # the matching rules do fire
+    monkeypatch.setattr(engine, "may_match", lambda program, node, module_of: True)
+    slow = fxrules.apply_rules(gm, rules)
+    assert _summary(fast) == _summary(slow)
+    assert found_fast == fxrules.find_matches(gm, rules)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert_close(fast.module(x), model(x))
+
+
+def test_the_pre_check_skips_near_misses(monkeypatch):
+    attempts: list = []
+    real = engine.match_program
+
+    def counting(program, node, view, **kwargs):
+        attempts.append(program.name)
+        return real(program, node, view, **kwargs)
+
+    monkeypatch.setattr(engine, "match_program", counting)
+    gm = fx.symbolic_trace(seeded(Net).eval())
+    fxrules.apply_rules(gm, _rules())
+    assert attempts and not [a for a in attempts if a.startswith("near_")]
+    # without the pre-check, every matmul and + node is tried against each near miss
+    attempts.clear()
+    monkeypatch.setattr(engine, "may_match", lambda program, node, module_of: True)
+    fxrules.apply_rules(gm, _rules())
+    assert len([a for a in attempts if a.startswith("near_")]) >= 12
+
+
+def test_explain_still_says_why_near_misses_fail():
+    gm = fx.symbolic_trace(seeded(Net).eval())
+    misses = fxrules.explain(gm, _rules(), rule="near_sin")
+    assert misses
+    assert all("expected" in m.reason or "argument" in m.reason for m in misses), [m.reason for m in misses]
+    assert any("torch.sin" in m.reason or "sin" in m.reason for m in misses)
+
+
+def test_no_pre_check_where_matching_reads_module_attributes():
+    rules = fxrules.parse_rules(
+        "rule r:\n    call_module ReLU(call_module Linear{bias=True}($x)) -> call_module ReLU($x)\n"
+        "rule s:\n    call_module ReLU(call_module Linear($x)) -> call_module ReLU($x)\n", "attrs.fxr")
+    from fxrules.program import compile_rules
+
+    programs = {p.name: p for p in compile_rules(rules).programs}
+    assert programs["r"].requires == ()
+    assert len(programs["s"].requires) == 1
+
+
+class ConvBn(nn.Module):
+    def __init__(self, share: bool = False, read_weight: bool = False):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(4)
+        self.share, self.read_weight = share, read_weight
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        y = self.bn2(self.conv2(y))
+        if self.share:
+            y = y + self.conv(x)  # the first conv is also called outside the match
+        if self.read_weight:
+            y = y + self.conv2.weight.sum()  # an attribute inside the second conv is read
+        return y
+
+
+FOLD = """
+rule fold:
+    call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn where not bn.training
+    -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)
+"""
+
+
+@pytest.mark.parametrize("share,read_weight,reused", [
+    (False, False, {"conv", "conv2"}),
+    (True, False, {"conv2"}),
+    (False, True, {"conv"}),
+    (True, True, set()),
+])
+def test_folded_modules_take_the_conv_name_only_when_nothing_else_uses_it(share, read_weight, reused):
+    model = seeded(lambda: ConvBn(share, read_weight)).eval()
+    for bn in (model.bn, model.bn2):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    result = fxrules.apply_rules(model, fxrules.parse_rules(FOLD, "fold.fxr"))
+    assert result.counts == {"fold": 2}
+    folded = [n.target for n in result.module.graph.nodes
+              if n.op == "call_module" and n.meta.get("fxrules", {}).get("rule") == "fold"]
+    assert len(folded) == 2
+    assert {t for t in folded if t in ("conv", "conv2")} == reused
+    for target in folded:
+        assert type(getattr(result.module, target)) is nn.Conv2d
+        assert getattr(result.module, target) not in (model.conv, model.conv2)
+    if share:
+        assert any(n.op == "call_module" and n.target == "conv" for n in result.module.graph.nodes)
+        assert result.module.conv is model.conv  # the outside call still runs the original conv
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert_close(result.module(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# The parser's own LALR loop builds the tree Lark builds
+# ---------------------------------------------------------------------------
+
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _tokens(tree) -> list:
+    import lark
+
+    found = []
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, lark.Tree):
+            found.append(("tree", item.data, len(item.children)))
+            stack.extend(reversed(item.children))
+        else:
+            found.append((item.type, str(item), item.line, item.column, item.end_line, item.end_column,
+                          item.start_pos, item.end_pos))
+    return found
+
+
+def _rule_texts() -> list:
+    paths = sorted((_ROOT / "tests" / "corpus" / "pass").glob("*.fxr"))
+    paths += sorted((_ROOT / "fxrules" / "library").rglob("*.fxr"))
+    texts = [p.read_text(encoding="utf-8") for p in paths]
+    from benchmarks.workloads import WORKLOADS
+
+    texts += [w.rules_text for w in WORKLOADS.values()]
+    return texts
+
+
+def test_the_fast_parse_loop_builds_lark_s_tree():
+    from fxrules import parser
+
+    lark_parser = parser._get_parser()
+    texts = _rule_texts()
+    assert len(texts) >= 3
+    for text in texts:
+        text = text if text.endswith("\n") else text + "\n"
+        ours = parser._parse_fast(lark_parser, text)
+        theirs = lark_parser.parse(text)
+        assert ours == theirs
+        assert _tokens(ours) == _tokens(theirs)
+
+
+@pytest.mark.parametrize("text", ["rule r:\n    call_function torch.relu($x -> $x\n",
+                                  "rule r:\n    call_function torch.relu($x) ->\n",
+                                  "rule r:\n    call_function torch.relu($x) -> $x )\n",
+                                  "rule r: ~\n", "rule\n"])
+def test_syntax_errors_still_come_from_lark(text):
+    from fxrules import parser
+
+    with pytest.raises(Exception):  # _Fallback, or the lexer's own error: parse_tree then asks Lark
+        parser._parse_fast(parser._get_parser(), text)
+    with pytest.raises(fxrules.RuleFileError) as caught:
+        fxrules.parse_rules(text, "bad.fxr")
+    assert "bad.fxr:" in str(caught.value)
+
+
+def test_checking_pauses_the_garbage_collector_and_restores_it():
+    import gc
+
+    from fxrules import parser
+
+    seen = []
+    real = parser.parse_tree
+
+    def spy(source):
+        seen.append(gc.isenabled())
+        return real(source)
+
+    assert gc.isenabled()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("fxrules.frontend.parse_tree", spy)
+        fxrules.parse_rules("rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> $x\n", "a.fxr")
+        assert seen == [False] and gc.isenabled()
+        with pytest.raises(fxrules.RuleFileError):
+            fxrules.parse_rules("rule r:\n    call_function torch.relu(\n", "b.fxr")
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            fxrules.parse_rules("rule r:\n    call_function torch.relu($x) -> $x\n", "c.fxr")
+            assert not gc.isenabled()  # a caller's choice stays
+        finally:
+            gc.enable()
+    with parser.paused_gc():
+        with parser.paused_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
