@@ -462,6 +462,23 @@ def rules(draw):
         patterns=draw(tuple_of(exprs, min_size=1, max_size=2)),
         conditions=draw(tuple_of(conds, max_size=2)),
         replacements=draw(tuple_of(exprs, min_size=1, max_size=2)),
+        examples=draw(tuple_of(examples(), max_size=2)),
+    )
+
+
+input_specs = st.builds(
+    A.InputSpec, capture_names, st.none() | st.sampled_from(A.DTYPES),
+    tuple_of(st.integers(0, 64), max_size=4), st.none() | st.integers(-3, 3) | st.sampled_from([0.5, -1.5]),
+)
+
+
+@st.composite
+def examples(draw):
+    return A.Example(
+        count=draw(st.none() | st.integers(0, 5)),
+        mode=draw(st.none() | st.sampled_from(A.EXAMPLE_MODES)),
+        outputs=draw(tuple_of(exprs, min_size=1, max_size=2)),
+        inputs=draw(tuple_of(input_specs, max_size=3)),
     )
 
 
@@ -474,6 +491,17 @@ rule_files = tuple_of(
 @given(rule_files)
 def test_random_files_round_trip(rule_file: A.RuleFile) -> None:
     assert_round_trip(rule_file)
+
+
+@given(rule_files, st.sampled_from([12, 30, 60]))
+def test_wrapping_long_lines_keeps_the_ast(rule_file: A.RuleFile, width: int) -> None:
+    """Any line width: the broken lines parse to the same AST (newlines only inside brackets)."""
+    old = printer.WIDTH
+    printer.WIDTH = width
+    try:
+        assert_round_trip(rule_file)
+    finally:
+        printer.WIDTH = old
 
 
 @given(conds)
