@@ -25,6 +25,18 @@ def _randomize_bn(model: nn.Module) -> None:
                 module.running_var.copy_(torch.rand(module.running_var.shape, generator=generator) + 0.5)
 
 
+class Scaled(nn.Module):
+    """A conv whose weight the graph computes (w * 2): not a parameter a fold may read."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(torch.nn.functional.conv2d(x, self.w * 2))
+
+
 def test_the_zoo_resnet_folds_when_exported():
     model = zoo.resnet()
     (x,) = zoo.example_inputs("resnet")
@@ -63,15 +75,6 @@ def test_a_training_mode_batch_norm_is_left_alone():
 
 
 def test_a_weight_computed_by_the_graph_is_declined_not_folded():
-    class Scaled(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
-            self.bn = nn.BatchNorm2d(4)
-
-        def forward(self, x):
-            return self.bn(torch.nn.functional.conv2d(x, self.w * 2))
-
     model = Scaled().eval()
     x = torch.randn(2, 3, 8, 8)
     result = fxrules.apply_rules(_export(model, x), ATEN)
@@ -86,15 +89,6 @@ def test_a_builder_argument_computed_by_the_graph_is_a_reported_refusal():
         " $gamma, $beta, get_attr $mean, get_attr $var, False, _, $eps, _)\n"
         "    -> call_module fxrules.builders.fold_aten_conv_bn($w, $b, $gamma, $beta, $mean, $var, $eps, $s, $p, $d,"
         " $g)($x)\n")
-
-    class Scaled(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = nn.Parameter(torch.randn(4, 3, 3, 3))
-            self.bn = nn.BatchNorm2d(4)
-
-        def forward(self, x):
-            return self.bn(torch.nn.functional.conv2d(x, self.w * 2))
 
     model = Scaled().eval()
     x = torch.randn(2, 3, 8, 8)
