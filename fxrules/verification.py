@@ -531,7 +531,10 @@ def _check_examples(rule: CheckedRule, rule_set: RuleSet, single: RuleSet,
             kept.add(shapes)
         if counterexample is not None:
             first_counterexample = first_counterexample or counterexample
-            outcomes.append(ExampleOutcome(location, model.expected, count, counterexample.problem, "wrong"))
+            problem = counterexample.problem
+            if not model.accepts(count):
+                problem = f"rewritten {count} time{'s' * (count != 1)} (it should {model.expected}), and {problem}"
+            outcomes.append(ExampleOutcome(location, model.expected, count, problem, "wrong"))
         elif not model.accepts(count):
             grade = "noisy" if example.count == 0 else "missing"
             outcomes.append(ExampleOutcome(location, model.expected, count,
