@@ -134,18 +134,22 @@ def plan(match: Match, module_of: Callable[[str], Any]) -> "Plan | str":
                     return (f"%{roots[index].name} is modified in place by %{user.name}; replacing it by "
                             f"%{value.name} would modify %{value.name} too")
     # In-place mutations between the first matched node and the last place the replacement reads.
+    # When an existing value takes a root's place, the root's users may hand that value on
+    # (eval-mode dropout returns its input, views alias it) to anything after them, the graph's
+    # output included: any later in-place mutation of the value could then show, so there is
+    # no last place.
     first = min(matched) if matched else min(roots)
     aliases_root = any(isinstance(r, RValue) for r in match.program.replacements)
-    last = max(roots)
-    if aliases_root:
-        users = [u for r in roots for u in r.users]
-        if users:
-            last = max(users + [last])
+    last = None if aliases_root else max(roots)
     for value in inputs:
         for user in value.users:
-            if user in matched or not (first < user < last):
+            if user in matched or not first < user or (last is not None and not user < last):
                 continue
             if value in mutated_inputs(user, module_of):
+                if last is None:
+                    return (f"%{value.name} is modified in place by %{user.name} after the matched nodes; standing "
+                            f"in for %{roots[0].name}, it would carry that change to whatever reads "
+                            f"%{roots[0].name} or an alias of it")
                 return (f"%{value.name} is modified in place by %{user.name} between the matched nodes and the "
                         f"place the replacement reads it")
     # Insertion point: after every input, before every user of a root.
