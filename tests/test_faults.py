@@ -23,6 +23,7 @@ from torch import fx, nn
 from torch.testing import assert_close
 
 import fxrules
+from tests.model_snapshots import assert_same_snapshot, snapshot_module, snapshot_program
 import tests.helpers_builders as helpers
 from fxrules import zoo
 from tests.helpers_builders import BuilderBoom
@@ -42,52 +43,6 @@ def seeded(build, seed: int = 0):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return build()
-
-
-# ---------------------------------------------------------------------------
-# snapshots: everything of the caller's model a run could change
-# ---------------------------------------------------------------------------
-
-
-def snapshot(model: nn.Module) -> dict:
-    snap = {
-        "modules": [(name, type(m), id(m), m.training) for name, m in model.named_modules(remove_duplicate=False)],
-        "params": [(name, id(p), p.requires_grad) for name, p in model.named_parameters(remove_duplicate=False)],
-        "buffers": [(name, id(b)) for name, b in model.named_buffers(remove_duplicate=False)],
-        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
-        "dicts": [(name, sorted(m.__dict__)) for name, m in model.named_modules(remove_duplicate=False)],
-    }
-    if isinstance(model, fx.GraphModule):
-        snap["code"] = model.code
-        snap["graph"] = str(model.graph)
-        snap["meta"] = [(n.name, sorted(n.meta)) for n in model.graph.nodes]
-    else:
-        snap["code"] = fx.symbolic_trace(model).code
-    return snap
-
-
-def snapshot_program(ep: torch.export.ExportedProgram) -> dict:
-    return {
-        "graph": str(ep.graph),
-        "signature": str(ep.graph_signature),
-        "meta": [(n.name, sorted(n.meta)) for n in ep.graph.nodes],
-        "state": {k: v.detach().clone() for k, v in ep.state_dict.items()},
-        "ids": {k: id(v) for k, v in ep.state_dict.items()},
-        "module": snapshot(ep.graph_module),
-    }
-
-
-def assert_same(before: dict, after: dict) -> None:
-    assert before.keys() == after.keys()
-    for key in before:
-        if key == "state":
-            assert before[key].keys() == after[key].keys()
-            for name in before[key]:
-                assert torch.equal(before[key][name], after[key][name]), f"{name} changed"
-        elif key == "module":
-            assert_same(before[key], after[key])
-        else:
-            assert before[key] == after[key], f"{key} changed"
 
 
 def assert_names_rule_and_node(err: Exception, rule: str, source: str, node: str) -> None:
@@ -160,14 +115,14 @@ def test_builder_that_raises(kind):
     x, = inputs_for(model)
     with torch.no_grad():
         expected = model(x)
-    before = snapshot(model)
+    before = snapshot_module(model)
     rules = boom_rules().select(names=["remove_dropout", "relu_idempotent", "builder_boom"])
     with pytest.raises(fxrules.RewriteError) as info:
         fxrules.apply_rules(model, rules)
     assert_names_rule_and_node(info.value, "builder_boom", "boom.fxr:1", "bn")
     assert "this builder always fails" in str(info.value)
     assert isinstance(info.value.__cause__, BuilderBoom)
-    assert_same(before, snapshot(model))
+    assert_same_snapshot(before, snapshot_module(model))
     with torch.no_grad():
         assert_close(model(x), expected, rtol=0, atol=0)
 
@@ -179,7 +134,7 @@ def test_predicate_that_raises(kind, with_inputs):
     x, = inputs_for(model)
     with torch.no_grad():
         expected = model(x)
-    before = snapshot(model)
+    before = snapshot_module(model)
     rules = boom_rules().select(names=["remove_dropout", "relu_idempotent", "predicate_boom"])
     with pytest.raises(fxrules.RewriteError) as info:
         fxrules.apply_rules(model, rules, example_inputs=(x,) if with_inputs else None)
@@ -187,7 +142,7 @@ def test_predicate_that_raises(kind, with_inputs):
     # with or without metadata the helper runs (without it, it gets the node itself) and fails
     assert "this predicate always fails" in str(info.value)
     assert isinstance(info.value.__cause__, BuilderBoom)
-    assert_same(before, snapshot(model))
+    assert_same_snapshot(before, snapshot_module(model))
     with torch.no_grad():
         assert_close(model(x), expected, rtol=0, atol=0)
 
@@ -225,7 +180,7 @@ def test_model_raising_on_some_batch_sizes():
     model = seeded(PicksyBatch).eval()
     with pytest.raises(BatchOfThree):
         model(randn(3, 4))
-    before = snapshot(model)
+    before = snapshot_module(model)
     library = fxrules.load_rules(RULES_DIR).select(contracts=["exact", "approx"])  # not the [changes] swaps
     untyped = library.select(names=["remove_dropout", "relu_idempotent"])
 
@@ -248,7 +203,7 @@ def test_model_raising_on_some_batch_sizes():
             fxrules.apply_rules(model, rules, example_inputs=(randn(3, 4),))
         assert "this model does not take a batch of 3" in str(info.value)
         assert "BatchOfThree" in str(info.value)
-    assert_same(before, snapshot(model))
+    assert_same_snapshot(before, snapshot_module(model))
 
 
 # ---------------------------------------------------------------------------
@@ -321,7 +276,7 @@ def test_export_with_metadata_removed(export_inputs, victim, keys):
         assert set(result.counts) <= set(rules.names)
         result.module.graph.lint()
         assert_close(result.module(*export_inputs), reference)
-    assert_same(before, snapshot_program(ep))
+    assert_same_snapshot(before, snapshot_program(ep))
 
 
 def test_export_with_metadata_works_untouched(export_inputs):
@@ -354,10 +309,10 @@ def test_keyboard_interrupt_propagates_and_leaves_the_model(monkeypatch, where, 
     x, = inputs_for(model)
     with torch.no_grad():
         expected = model(x)
-    before = snapshot(model)
+    before = snapshot_module(model)
     with pytest.raises(KeyboardInterrupt):
         fxrules.apply_rules(model, rules, example_inputs=(x,))
-    assert_same(before, snapshot(model))
+    assert_same_snapshot(before, snapshot_module(model))
     with torch.no_grad():
         assert_close(model(x), expected, rtol=0, atol=0)
     # and the next run, without the interrupt, works
@@ -369,10 +324,10 @@ def test_keyboard_interrupt_while_propagating_values(monkeypatch):
     """An interrupt inside the model while example inputs run (not an Exception: not caught)."""
     model = seeded(PicksyBatch).eval()
     monkeypatch.setattr(sys.modules[__name__], "refuse_batch_of_three", interrupt)
-    before = snapshot(model)
+    before = snapshot_module(model)
     with pytest.raises(KeyboardInterrupt):
         fxrules.apply_rules(model, fxrules.load_rules(RULES_DIR), example_inputs=(randn(2, 4),))
-    assert_same(before, snapshot(model))
+    assert_same_snapshot(before, snapshot_module(model))
 
 
 # ---------------------------------------------------------------------------
@@ -419,7 +374,7 @@ def test_one_rule_set_from_four_threads():
     """GraphModules (traced beforehand): the threads share the RuleSet (compiled on first use, by
     whichever thread gets there first), the resolver and torch, nothing else."""
     models = {name: fx.symbolic_trace(zoo.ZOO[name]()) for name in zoo.ZOO}
-    befores = {name: snapshot(m) for name, m in models.items()}
+    befores = {name: snapshot_module(m) for name, m in models.items()}
 
     sequential_rules = fxrules.load_rules(RULES_DIR)
     expected = {name: _run(sequential_rules, models[name], name) for name in zoo.ZOO}
@@ -443,7 +398,7 @@ def test_one_rule_set_from_four_threads():
         assert rejected == exp_rejected, name
         assert_close(out, exp_out, rtol=0, atol=0)
     for name, model in models.items():
-        assert_same(befores[name], snapshot(model))
+        assert_same_snapshot(befores[name], snapshot_module(model))
 
 
 class _PausingTracer(fx.Tracer):
@@ -509,22 +464,12 @@ import json, threading
 import torch, fxrules
 from torch import fx, nn
 from fxrules import zoo
+from tests.test_faults import _PausingTracer
 
 rules = fxrules.load_rules(RULES)
 original = (nn.Module.__call__, nn.Module.__getattr__)
 expected = {name: fxrules.apply_rules(zoo.ZOO[name](), rules).module.code for name in ("resnet", "mlp")}
 
-
-class Pausing(fx.Tracer):
-    def __init__(self, started, release):
-        super().__init__()
-        self.started, self.release = started, release
-
-    def call_module(self, m, forward, args, kwargs):
-        if not self.started.is_set():
-            self.started.set()
-            self.release.wait(timeout=3)
-        return super().call_module(m, forward, args, kwargs)
 
 
 events = {name: (threading.Event(), threading.Event()) for name in ("resnet", "mlp")}
@@ -533,7 +478,7 @@ results = {}
 
 def run(name):
     try:
-        results[name] = fxrules.apply_rules(zoo.ZOO[name](), rules, tracer=Pausing(*events[name])).module.code
+        results[name] = fxrules.apply_rules(zoo.ZOO[name](), rules, tracer=_PausingTracer(*events[name])).module.code
     except Exception as exc:
         results[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
 
