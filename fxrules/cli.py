@@ -42,9 +42,7 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="rule files or directories (every *.fxr under them); default: .")
     check.add_argument("--format", choices=("text", "json", "github"), default="text",
                        help="text for people, json for machines, github for workflow annotations")
-    check.add_argument("--allow-import", action="append", default=[], metavar="PKG",
-                       help="allow rule files to name modules of PKG (may be repeated; also read from "
-                            "allow-imports in the [tool.fxrules] table of the nearest pyproject.toml)")
+    _allow_import_argument(check)
     check.set_defaults(run=_check)
 
     apply = commands.add_parser("apply", help="apply rules to a model and print what they did",
@@ -60,8 +58,7 @@ def _build_parser() -> argparse.ArgumentParser:
     apply.add_argument("--graph", metavar="FILE",
                        help="draw the graph before and after to FILE (.svg, .png, .html or .dot), rewritten "
                             "nodes marked with their rule; needs Graphviz's dot for .svg/.png (else writes .dot)")
-    apply.add_argument("--format", choices=("text", "json"), default="text",
-                       help="text for people, json for machines (schema: docs/cli.md)")
+    _format_argument(apply)
     apply.set_defaults(run=_apply)
 
     explain = commands.add_parser("explain", help="show where rules almost matched a model, and why not",
@@ -71,8 +68,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                               "model. Exit 0 (near misses are not errors), 2 on usage errors.")
     _model_arguments(explain)
     explain.add_argument("--rule", metavar="NAME", help="explain only the rule NAME")
-    explain.add_argument("--format", choices=("text", "json"), default="text",
-                         help="text for people, json for machines (schema: docs/cli.md)")
+    _format_argument(explain)
     explain.set_defaults(run=_explain)
 
     fmt = commands.add_parser("fmt", help="format rule files canonically (keeps every comment)",
@@ -90,8 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                              "examples; apply the rule; compare outputs by its contract. Exit 0 when "
                                              "every rule is validated, 1 when one is wrong, noisy, missing or "
                                              "unverified, 2 on usage errors (bad rule files included).")
-    verify.add_argument("paths", nargs="+", metavar="RULES",
-                        help="rule files or directories, or the name of a bundled rule family (such as cleanup)")
+    _rules_argument(verify)
     verify.add_argument("--rule", action="append", default=None, metavar="NAME",
                         help="verify only the rule NAME (may be repeated)")
     verify.add_argument("--max-examples", type=int, default=50, metavar="N",
@@ -107,10 +102,8 @@ def _build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--reproduce", metavar="LINE",
                         help="replay one counterexample: the @reproduce_failure(...) line a failure printed "
                              "(with exactly one --rule)")
-    verify.add_argument("--format", choices=("text", "json"), default="text",
-                        help="text for people, json for machines (schema: docs/cli.md)")
-    verify.add_argument("--allow-import", action="append", default=[], metavar="PKG",
-                        help="allow rule files to name modules of PKG (may be repeated)")
+    _format_argument(verify)
+    _allow_import_argument(verify)
     verify.set_defaults(run=_verify)
     return parser
 
@@ -171,8 +164,7 @@ def _fmt(args: argparse.Namespace) -> int:
 
 def _model_arguments(command: argparse.ArgumentParser) -> None:
     """The arguments apply and explain share: rules, the model, its inputs, how to capture it."""
-    command.add_argument("paths", nargs="+", metavar="RULES",
-                         help="rule files or directories, or the name of a bundled rule family (such as cleanup)")
+    _rules_argument(command)
     command.add_argument("--model", required=True, metavar="MODULE:FACTORY",
                          help="a model factory (called with no arguments) or nn.Module, e.g. fxrules.zoo:resnet")
     command.add_argument("--input", action="append", default=[], metavar="SHAPE",
@@ -180,8 +172,23 @@ def _model_arguments(command: argparse.ArgumentParser) -> None:
                               "shape metadata and to compare outputs before and after")
     command.add_argument("--export", action="store_true",
                          help="torch.export the model (needs --input) instead of symbolic tracing")
+    _allow_import_argument(command)
+
+
+def _rules_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument("paths", nargs="+", metavar="RULES",
+                         help="rule files or directories, or the name of a bundled rule family (such as cleanup)")
+
+
+def _format_argument(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--format", choices=("text", "json"), default="text",
+                         help="text for people, json for machines (schema: docs/cli.md)")
+
+
+def _allow_import_argument(command: argparse.ArgumentParser) -> None:
     command.add_argument("--allow-import", action="append", default=[], metavar="PKG",
-                         help="allow rule files to name modules of PKG (may be repeated)")
+                         help="allow rule files to name modules of PKG (may be repeated; also read from "
+                              "allow-imports in the [tool.fxrules] table of the nearest pyproject.toml)")
 
 
 def project_allow_imports(start: Optional[str] = None) -> list[str]:
