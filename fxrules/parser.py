@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import sys
 import threading
 import types
@@ -308,14 +309,15 @@ def _parse_fast(parser: lark.Lark, text: str) -> lark.Tree:
     value_stack: list = []
     push_state, push_value = state_stack.append, value_stack.append
     stream = parser.parser._make_lexer_thread(text)
-    token = None
-    for token in stream.lex(_LoopState(state_stack, parse_conf)):
+    for token in itertools.chain(stream.lex(_LoopState(state_stack, parse_conf)), _END):
         kind = token.type
         while True:
             entry = rows[state_stack[-1]].get(kind)
             if entry is None:
                 raise _Fallback()
             if type(entry) is int:
+                if kind == "$END":
+                    raise _Fallback()
                 push_state(entry)
                 push_value(token if kind not in token_callbacks else token_callbacks[kind](token))
                 break
@@ -328,21 +330,12 @@ def _parse_fast(parser: lark.Lark, text: str) -> lark.Tree:
                 children = []
             push_value(callback(children))
             push_state(rows[state_stack[-1]][origin])
-    while True:  # the end: reduce until the start rule is complete
-        entry = rows[state_stack[-1]].get("$END")
-        if entry is None or type(entry) is int:
-            raise _Fallback()
-        size, callback, origin = entry
-        if size:
-            children = value_stack[-size:]
-            del state_stack[-size:]
-            del value_stack[-size:]
-        else:
-            children = []
-        push_value(callback(children))
-        push_state(rows[state_stack[-1]][origin])
-        if state_stack[-1] == end:
-            return value_stack[-1]
+            if kind == "$END" and state_stack[-1] == end:  # the end: reduced up to the start rule
+                return value_stack[-1]
+    raise _Fallback()  # pragma: no cover - $END always ends in the end state or a fallback
+
+
+_END = (lark.Token("$END", ""),)  # after the last token: reduce until the start rule is complete
 
 
 def parse_tree(source: Source) -> lark.Tree:
