@@ -317,8 +317,7 @@ class HostBuilder:
         for name, attr in free_attrs:  # `Conv2d{kernel_size=$k}` binds what was drawn
             if isinstance(attr, PCapture) and attr.name not in self.captures:
                 self.captures[attr.name] = getattr(module, name, None)
-        index = len([n for n in self.graph.nodes if n.op == "call_module"])
-        target = f"m{index}"
+        target = f"m{len(self.root._modules)}"  # one submodule per module call
         self.root.add_module(target, module)
         self.lines.append(f"module {target}: {module!r}" + (" (training)" if module.training else " (eval)"))
         node = self.graph.call_module(target, (x,))

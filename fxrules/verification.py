@@ -401,7 +401,7 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     from .program import _Compiler
     from .samplers import default_catalogue
 
-    catalogue = options.catalogue or default_catalogue()
+    catalogue = options.catalogue if options.catalogue is not None else default_catalogue()
     program = _Compiler(rule, rule_set).program()
     result = _HostResult()
     missing = missing_samplers(program.roots, catalogue)
@@ -442,8 +442,7 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
                           suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=True,
                           **database_kw)
     wrapped = given(st.data())(configured(test))
-    key = f"fxrules-verify:{rule.source}:{rule.name}:{rule.ast.span.location}".encode()
-    wrapped._hypothesis_internal_database_key = hashlib.sha256(key).digest()
+    wrapped._hypothesis_internal_database_key = database_key(rule)
     if options.seed is not None:
         from hypothesis import seed as hypothesis_seed
 
@@ -480,6 +479,11 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     if result.checked == 0 and result.counterexample is None and result.note is None:
         result.note = "not verified on host graphs: no host was rewritten by the rule; add an example"
     return result
+
+
+def database_key(rule: CheckedRule) -> bytes:
+    """Where hypothesis' example database keeps this rule's counterexamples (one key per rule)."""
+    return hashlib.sha256(f"fxrules-verify:{rule.source}:{rule.name}:{rule.ast.span.location}".encode()).digest()
 
 
 def parse_reproduce(text: str) -> tuple[str, bytes]:
@@ -588,7 +592,10 @@ def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: b
     """
     from .api import _rule_set
 
+    from .samplers import default_catalogue
+
     rule_set = _rule_set(rules, allow_imports)
+    catalogue = catalogue if catalogue is not None else default_catalogue()  # built once per run
     options = VerifyOptions(max_examples=max_examples, seed=seed, grad=grad,
                             dtypes=tuple(dtypes) if dtypes is not None else DEFAULT_DTYPES, database=database,
                             catalogue=catalogue, reproduce=reproduce)

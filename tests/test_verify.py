@@ -195,8 +195,15 @@ def test_found_counterexamples_are_kept_in_the_database(tmp_path):
     database = tmp_path / "db"
     report = _verify(WRONG_RULES["mul_two_is_x"], database=str(database), seed=None)
     assert report.verdicts[0].grade == "wrong"
-    saved = [p for p in database.rglob("*") if p.is_file()]
-    assert saved, "the counterexample was not saved"
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from fxrules.verification import database_key
+
+    rule = fxrules.parse_rules(WRONG_RULES["mul_two_is_x"], "wrong.fxr")["wrong.fxr:1"]
+    saved = list(DirectoryBasedExampleDatabase(str(database)).fetch(database_key(rule)))
+    assert saved, "the counterexample was not saved under the rule's key"
+    other = fxrules.parse_rules("[exact] call_function torch.neg(call_function torch.neg($x)) -> $x", "other.fxr")
+    assert not list(DirectoryBasedExampleDatabase(str(database)).fetch(database_key(other["other.fxr:1"])))
     again = _verify(WRONG_RULES["mul_two_is_x"], database=str(database), seed=None, max_examples=1)
     assert again.verdicts[0].grade == "wrong"  # replayed from the database first
 
