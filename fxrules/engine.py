@@ -14,8 +14,8 @@ raises :class:`RewriteLoopError` after ``max_iterations`` rewrites.
 from __future__ import annotations
 
 import heapq
-import threading
 import itertools
+import threading
 import time
 from collections import Counter
 from typing import Any, Iterable, Optional
@@ -25,8 +25,8 @@ from torch import fx, nn
 
 from .conditions import Evaluator, MissingMetadata
 from .errors import FxrulesError
-from .parser import ensure_recursion_limit
 from .matcher import GraphView, Match, Miss, match_program, may_match
+from .parser import ensure_recursion_limit
 from .planner import Plan, plan
 from .program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
 from .report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
