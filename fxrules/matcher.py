@@ -22,7 +22,7 @@ Semantics (see docs/semantics.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from torch import fx
@@ -34,16 +34,22 @@ from .program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, 
 _MISSING = object()
 
 
-@dataclass
 class Bindings:
     """What a (partial) match bound. Copied cheaply to backtrack over alternations."""
 
-    captures: dict = field(default_factory=dict)  # name -> Node or literal
-    names: dict = field(default_factory=dict)  # `as` name -> Node
-    nodes: dict = field(default_factory=dict)  # matched operation nodes (ordered set), excluding get_attr
-    attrs: dict = field(default_factory=dict)  # matched get_attr nodes (ordered set)
-    rest: Optional[tuple] = None  # (args, kwargs) taken by `...`
-    pending_refs: list = field(default_factory=list)  # (name, value) checked once every name is bound
+    __slots__ = ("captures", "names", "nodes", "attrs", "rest", "pending_refs")
+
+    def __init__(self) -> None:
+        self.captures: dict = {}  # name -> Node or literal
+        self.names: dict = {}  # `as` name -> Node
+        self.nodes: dict = {}  # matched operation nodes (ordered set), excluding get_attr
+        self.attrs: dict = {}  # matched get_attr nodes (ordered set)
+        self.rest: Optional[tuple] = None  # (args, kwargs) taken by `...`
+        self.pending_refs: list = []  # (name, value) checked once every name is bound
+
+    def __repr__(self) -> str:
+        return (f"Bindings(captures={self.captures!r}, names={self.names!r}, nodes={list(self.nodes)!r}, "
+                f"attrs={list(self.attrs)!r}, rest={self.rest!r})")
 
     def snapshot(self) -> tuple:
         return (dict(self.captures), dict(self.names), dict(self.nodes), dict(self.attrs), self.rest,
@@ -210,15 +216,14 @@ class _Matcher:
     def arguments(self, pattern: PCall, node: fx.Node) -> bool:
         if not pattern.overloads:
             return self.positional_arguments(pattern, node)
+        args, kwargs = node.args, node.kwargs
         for sig, expected in pattern.overloads:
-            actual = signatures.bind(sig, tuple(node.args), dict(node.kwargs))
+            actual = signatures.bind(sig, args, kwargs)
             if actual is None:
                 continue
-            state = self.env.snapshot()
-            if self.bound_arguments(pattern, node, sig, expected, actual):
-                return True
-            self.env.restore(state)
-            return False
+            # The first signature the call binds to decides. A failure needs no undoing here:
+            # it fails the whole match, or an enclosing alternative restores its own snapshot.
+            return self.bound_arguments(pattern, node, sig, expected, actual)
         return self.positional_arguments(pattern, node)  # the call does not fit the signature: compare as written
 
     def bound_arguments(self, pattern: PCall, node: fx.Node, sig, expected: dict, actual: dict) -> bool:
@@ -339,11 +344,32 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any]) -> bool:
+def input_keys(node: fx.Node) -> set:
+    """The (op, target) of each call_function/call_method input of ``node``: what ``may_match`` tests
+    patterns against (computed once per node, shared by every rule tried there)."""
+    keys = set()
+    for value in node.all_input_nodes:
+        if value.op == "call_function" or value.op == "call_method":
+            try:
+                keys.add((value.op, value.target))
+            except TypeError:  # an unhashable target: such inputs are compared one by one
+                keys.add(_UNHASHABLE)
+    return keys
+
+
+_UNHASHABLE = ("call_function", object())
+
+
+def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], keys: set) -> bool:
     """False when ``program`` cannot match at ``node``: an argument call pattern of its first root
-    matches none of the node's inputs by op and target (``Program.requires``). A cheap test that
-    never reads more than the inputs' op, target and module type; True says nothing."""
-    for pattern in program.requires:
+    matches none of the node's inputs by op and target (``Program.requires``). ``keys`` is
+    ``input_keys(node)``. A cheap test that never reads more than the inputs' op, target and
+    module type; True says nothing."""
+    for pattern, wanted in zip(program.requires, program.requires_keys):
+        if wanted is not None and _UNHASHABLE not in keys:
+            if wanted.isdisjoint(keys):
+                return False
+            continue
         op, targets = pattern.op, pattern.targets
         for value in node.all_input_nodes:
             if value.op != op:

@@ -35,20 +35,66 @@ _EFFECTFUL_FUNCTIONS = {builtins.print, builtins.input, builtins.setattr, builti
                         builtins.eval, builtins.open}
 
 
-def mutated_inputs(node: fx.Node, module_of: Callable[[str], Any]) -> list:
-    """The input nodes ``node`` writes to in place (empty for a pure node)."""
-    if node.op == "call_method":
-        name = node.target
-        if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
-            return [node.args[0]]
+class Effects:
+    """Which nodes write to their inputs or have other side effects, for one run over one graph.
+
+    What a ``call_function`` target does (whether torch lists it as impure) does not depend
+    on the node, so it is looked up once per target and remembered for the run; modules are
+    asked each time (``module_of`` may change as the rewrite adds modules).
+    """
+
+    def __init__(self, module_of: Callable[[str], Any]):
+        self.module_of = module_of
+        self._impure: dict = {}  # call_function target -> why calling it has an effect, or None
+
+    def mutated_inputs(self, node: fx.Node) -> list:
+        """The input nodes ``node`` writes to in place (empty for a pure node)."""
+        op = node.op
+        if op == "call_function":
+            return _mutated_by_function(node)
+        if op == "call_method":
+            name = node.target
+            if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
+                return [node.args[0]]
+            return []
+        if op == "call_module":
+            module = self.module_of(node.target)
+            if getattr(module, "inplace", False) is True and node.args:
+                return [node.args[0]]
         return []
-    if node.op == "call_module":
-        module = module_of(node.target)
-        if getattr(module, "inplace", False) is True and node.args:
-            return [node.args[0]]
-        return []
-    if node.op != "call_function":
-        return []
+
+    def side_effect(self, node: fx.Node) -> Optional[str]:
+        """Why removing ``node`` would change behaviour beyond its output, or None when it is pure."""
+        op = node.op
+        if op in ("placeholder", "output"):
+            return f"%{node.name} is a graph {op}"
+        if self.mutated_inputs(node):
+            return f"%{node.name} modifies its input in place"
+        if op == "call_module":
+            if getattr(self.module_of(node.target), "_is_impure", False):
+                return f"%{node.name} calls a module marked impure"
+            return None
+        if op == "call_function":
+            target = node.target
+            try:
+                known = self._impure.get(target, _UNKNOWN)
+            except TypeError:  # an unhashable target
+                known = _UNKNOWN
+            if known is _UNKNOWN:
+                known = _function_effect(target, node)
+                if not isinstance(target, torch._ops.HigherOrderOperator):  # these depend on the arguments
+                    try:
+                        self._impure[target] = known
+                    except TypeError:
+                        pass
+            return None if known is None else f"%{node.name} {known}"
+        return None
+
+
+_UNKNOWN = object()
+
+
+def _mutated_by_function(node: fx.Node) -> list:
     target = node.target
     if isinstance(target, torch._ops.OpOverload):
         written = []
@@ -64,35 +110,27 @@ def mutated_inputs(node: fx.Node, module_of: Callable[[str], Any]) -> list:
     name = getattr(target, "__name__", "")
     if name.endswith("_") and not name.endswith("__") and node.args:
         return [node.args[0]]
-    if node.kwargs.get("inplace") is True and node.args:
-        return [node.args[0]]
-    out = node.kwargs.get("out")
-    if isinstance(out, fx.Node):
-        return [out]
+    kwargs = node.kwargs
+    if kwargs:
+        if kwargs.get("inplace") is True and node.args:
+            return [node.args[0]]
+        out = kwargs.get("out")
+        if isinstance(out, fx.Node):
+            return [out]
     return []
 
 
-def side_effect(node: fx.Node, module_of: Callable[[str], Any]) -> Optional[str]:
-    """Why removing ``node`` would change behaviour beyond its output, or None when it is pure."""
-    if node.op in ("placeholder", "output"):
-        return f"%{node.name} is a graph {node.op}"
-    if mutated_inputs(node, module_of):
-        return f"%{node.name} modifies its input in place"
-    if node.op == "call_module":
-        module = module_of(node.target)
-        if getattr(module, "_is_impure", False):
-            return f"%{node.name} calls a module marked impure"
-        return None
-    if node.op == "call_function":
-        if node.target in _EFFECTFUL_FUNCTIONS:
-            return f"%{node.name} calls {getattr(node.target, '__name__', node.target)}, which has a side effect"
-        try:
-            from torch._library.utils import is_impure
+def _function_effect(target: Any, node: fx.Node) -> Optional[str]:
+    """Why calling ``target`` has a side effect (as the end of a sentence), or None."""
+    if target in _EFFECTFUL_FUNCTIONS:
+        return f"calls {getattr(target, '__name__', target)}, which has a side effect"
+    try:
+        from torch._library.utils import is_impure
 
-            if is_impure(node.target, args=node.args, kwargs=node.kwargs, impure_random=False):
-                return f"%{node.name} has a side effect"
-        except Exception:
-            pass
+        if is_impure(target, args=node.args, kwargs=node.kwargs, impure_random=False):
+            return "has a side effect"
+    except Exception:
+        pass
     return None
 
 
@@ -103,7 +141,7 @@ class Plan:
     anchor: fx.Node  # new nodes go just before this node
 
 
-def plan(match: Match, module_of: Callable[[str], Any]) -> "Plan | str":
+def plan(match: Match, effects: Effects) -> "Plan | str":
     """A Plan, or the reason the match must not be rewritten."""
     env = match.bindings
     matched = env.nodes
@@ -117,7 +155,7 @@ def plan(match: Match, module_of: Callable[[str], Any]) -> "Plan | str":
             return (f"interior node %{node.name} is also used by %{outside[0].name}, outside the match; "
                     f"rewriting would duplicate or break it")
     for node in matched:
-        effect = side_effect(node, module_of)
+        effect = effects.side_effect(node)
         if effect is not None:
             return f"removing the match would drop a side effect: {effect}"
     inputs = _replacement_inputs(match)
@@ -130,7 +168,7 @@ def plan(match: Match, module_of: Callable[[str], Any]) -> "Plan | str":
             if not isinstance(value, fx.Node):
                 return f"the replacement would replace %{roots[index].name} by the literal {value!r}"
             for user in roots[index].users:
-                if roots[index] in mutated_inputs(user, module_of):
+                if roots[index] in effects.mutated_inputs(user):
                     return (f"%{roots[index].name} is modified in place by %{user.name}; replacing it by "
                             f"%{value.name} would modify %{value.name} too")
     # In-place mutations between the first matched node and the last place the replacement reads.
@@ -145,7 +183,7 @@ def plan(match: Match, module_of: Callable[[str], Any]) -> "Plan | str":
         for user in value.users:
             if user in matched or not first < user or (last is not None and not user < last):
                 continue
-            if value in mutated_inputs(user, module_of):
+            if value in effects.mutated_inputs(user):
                 if last is None:
                     return (f"%{value.name} is modified in place by %{user.name} after the matched nodes; standing "
                             f"in for %{roots[0].name}, it would carry that change to whatever reads "

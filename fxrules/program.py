@@ -166,6 +166,11 @@ class Program:
     keys: tuple  # index keys of the first root
     needs_metadata: bool  # a condition reads shape/dtype of a node
     requires: tuple = ()  # PCall patterns that must each match an input node of the first root (see _requires)
+    module_calls: tuple = ()  # replacement RCalls that construct a module (builder or class), in build order
+    requires_keys: tuple = ()  # per `requires` pattern: frozenset of the (op, target) it matches, or None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requires_keys", tuple(_match_keys(p) for p in self.requires))
 
     @property
     def name(self) -> str:
@@ -313,7 +318,25 @@ class _Compiler:
         roots = tuple(self.pattern(p) for p in ast.patterns)
         replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
-                       any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]))
+                       any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]),
+                       _module_calls(replacements))
+
+
+def _module_calls(replacements: tuple) -> tuple:
+    """The replacement calls that construct a module, in the order they are built (last item first,
+    depth first): a rewrite makes every module before it touches the graph."""
+    found = []
+    stack = list(replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            stack.extend(item.args or ())
+            stack.extend(v for _, v in item.kwargs)
+            if isinstance(item.target, (RBuilder, RNewModule)):
+                found.append(item)
+    return tuple(found)
 
 
 def _seq(value: Any) -> Any:
@@ -376,6 +399,18 @@ def _requires(root: Pattern) -> tuple:
     return tuple(found)
 
 
+def _match_keys(pattern: "PCall") -> Optional[frozenset]:
+    """The (op, target) pairs of nodes a call_function/call_method pattern can match, for a set
+    test (equal targets hash alike); None for module patterns (matched by the module's class)
+    and unhashable targets."""
+    if pattern.op not in ("call_function", "call_method"):
+        return None
+    try:
+        return frozenset((pattern.op, t) for t in pattern.targets)
+    except TypeError:
+        return None
+
+
 def _reads_attrs(pattern: Pattern) -> bool:
     stack = [pattern]
     while stack:
@@ -421,6 +456,11 @@ def _reads_metadata(cond: A.Cond) -> bool:
 # ---------------------------------------------------------------------------
 
 
+_CLASS_CACHE_SIZE = 4096
+"""Module classes whose candidates a CompiledRules remembers; beyond this it starts over (it holds
+the classes alive, and every GraphModule instance has a class of its own)."""
+
+
 @dataclass(frozen=True)
 class CompiledRules:
     """All programs of a rule set and the (op, target) index over their first roots."""
@@ -428,6 +468,7 @@ class CompiledRules:
     programs: tuple
     by_key: dict  # key -> tuple of programs, in rule order
     module_keys: bool  # whether any rule's root is a call_module (needs module lookups per node)
+    by_class: dict = field(default_factory=dict, compare=False)  # module class -> candidates, filled on use
 
     def candidates(self, node, module_of) -> tuple:
         """Programs whose first root can match ``node`` (in rule order)."""
@@ -438,12 +479,13 @@ class CompiledRules:
             module = module_of(node.target)
             if module is None:
                 return ()
-            found: list = []
-            for cls in type(module).__mro__:
-                found.extend(self.by_key.get(("call_module", cls), ()))
-            if len(found) > 1:
-                found.sort(key=lambda p: p.rule.index)
-            return tuple(found)
+            cls = type(module)
+            found = self.by_class.get(cls)
+            if found is None:
+                if len(self.by_class) >= _CLASS_CACHE_SIZE:  # each GraphModule has a class of its own
+                    self.by_class.clear()
+                found = self.by_class.setdefault(cls, self._for_class(cls))
+            return found
         if op == "get_attr":
             return self.by_key.get(("get_attr", None), ())
         if op in ("call_function", "call_method"):
@@ -452,6 +494,15 @@ class CompiledRules:
             except TypeError:  # an unhashable target
                 return ()
         return ()
+
+
+    def _for_class(self, cls: type) -> tuple:
+        """Programs rooted on ``cls`` or a base class of it, in rule order."""
+        found: list = []
+        for base in cls.__mro__:
+            found.extend(self.by_key.get(("call_module", base), ()))
+        found.sort(key=lambda p: p.rule.index)
+        return tuple(found)
 
 
 def compile_rules(rule_set: RuleSet) -> CompiledRules:

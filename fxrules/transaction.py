@@ -25,7 +25,7 @@ from torch import fx, nn
 
 from .errors import FxrulesError
 from .matcher import Match
-from .planner import Plan, side_effect
+from .planner import Effects, Plan
 from .program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
 from .report import Applied
 
@@ -46,52 +46,60 @@ class ModelError(FxrulesError):
 
 
 def copy_graph(graph: fx.Graph) -> fx.Graph:
-    """A copy of ``graph``: what ``copy.deepcopy(graph)`` makes, in about half the time.
+    """A copy of ``graph``: the nodes ``copy.deepcopy(graph)`` makes, in a fraction of the time.
 
-    The same nodes in the same order, with the same names (so the names the rewrite gives new
-    nodes are the same too), ops, targets, types, arguments (mapped to the new nodes) and
-    shallow copies of ``meta``; a deep copy of the code generator. ``Graph.node_copy`` also
-    scans every argument for raw symbolic values (a warning) and goes through
-    ``Node.__setattr__`` for ``meta``; that is what this saves. Falls back to
+    The same nodes in the same order, with the same names, ops, targets, types, arguments
+    (mapped to the new nodes) and shallow copies of ``meta``; a deep copy of the code
+    generator. The copy's name table is the original's (every name it ever handed out, and
+    its per-base counters), so a node created in the copy gets the name it would get in the
+    original: the rewrite names new nodes as an in-place edit would. ``Graph.node_copy``
+    instead re-derives each name through ``_Namespace.create_name`` (a regular expression
+    per node: half the time of a deepcopy at 20,000 nodes), scans every argument for raw
+    symbolic values and goes through ``Node.__setattr__`` for ``meta``. Falls back to
     ``copy.deepcopy`` on a torch whose Graph lacks the internals used here.
     """
     new = fx.Graph(tracer_cls=graph._tracer_cls)
-    namespace = getattr(new, "_graph_namespace", None)
+    namespace, source = getattr(new, "_graph_namespace", None), getattr(graph, "_graph_namespace", None)
     table = getattr(new, "_find_nodes_lookup_table", None)
-    if namespace is None or table is None or not isinstance(getattr(new, "_len", None), int) \
-            or not hasattr(namespace, "associate_name_with_obj"):
+    if table is None or not isinstance(getattr(new, "_len", None), int) \
+            or not all(isinstance(getattr(ns, attr, None), kind) for ns in (namespace, source)
+                       for attr, kind in _NAMESPACE_STATE):
         return copy.deepcopy(graph)
     env: dict = {}
     get = env.__getitem__
-    create_name, associate = namespace.create_name, namespace.associate_name_with_obj
+    names = namespace._obj_to_name
     insert, add = new._insert, table.insert
     map_arg, make = fx.node.map_arg, fx.Node
-    output = None
-    count = 0
-    for node in graph.nodes:
-        if node.op == "output":
-            output = node
-            break
-        name = create_name(node.name, None)
+    for node in graph.nodes:  # the output node too: it keeps its name
         args, kwargs = node.args, node.kwargs
-        copied = make(new, name, node.op, node.target, map_arg(args, get) if args else (),
+        copied = make(new, node.name, node.op, node.target, map_arg(args, get) if args else (),
                       map_arg(kwargs, get) if kwargs else {}, node.type)
         meta = node.meta
         if type(meta) is dict and type(copied.meta) is dict and not copied.meta:
             copied.meta.update(meta)
         else:
             copied.meta = copy.copy(meta)
-        associate(name, copied)
+        names[copied] = node.name
         insert(copied)
         add(copied)
-        count += 1
         env[node] = copied
-    new._len += count
+    new._len += len(env)
+    namespace._used_names.update(source._used_names)
+    namespace._base_count.update(source._base_count)
     new._codegen = copy.deepcopy(graph._codegen)
-    if output is not None:
-        out = new.output(map_arg(output.args[0], get), type_expr=getattr(output, "type", None))
-        out.meta = copy.copy(output.meta)
     return new
+
+
+_NAMESPACE_STATE = (("_obj_to_name", dict), ("_used_names", set), ("_base_count", dict))
+"""The parts of torch.fx's ``_Namespace`` that ``copy_graph`` carries over (torch 2.x)."""
+
+
+def _has_node_internals(graph: fx.Graph) -> bool:
+    """Whether ``graph`` has the torch.fx internals :meth:`Workpiece.new_node` uses (torch 2.x)."""
+    namespace = getattr(graph, "_graph_namespace", None)
+    return (hasattr(namespace, "create_name") and hasattr(namespace, "associate_name_with_obj")
+            and hasattr(graph, "_find_nodes_lookup_table") and isinstance(getattr(graph, "_len", None), int)
+            and hasattr(graph, "_insert") and hasattr(graph, "_target_to_str") and hasattr(graph, "_owning_module"))
 
 
 class Workpiece:
@@ -112,6 +120,42 @@ class Workpiece:
         self._read_below: Optional[dict] = None  # dotted prefix -> get_attr nodes reading strictly inside it
         self.notes: list[str] = []
         self.has_values = any("val" in n.meta for n in graph.find_nodes(op="placeholder"))
+        self._node_names: dict = {}  # (op, target) -> the base name torch gives such a node
+        self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
+        self.effects = Effects(self.module_of)
+        self._plain_graph = _has_node_internals(graph)
+
+    # -- creating nodes ----------------------------------------------------------
+    def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
+        """A node at the graph's insert point: what ``Graph.create_node`` makes, with the same name.
+
+        ``create_node`` also walks every argument with pytree to warn about raw symbolic
+        values (which a rewrite only ever passes on from nodes the graph already had) and
+        derives the base name from the target each time: together about half the cost of
+        a rewrite that makes one node. Graphs whose owner installed node-creation hooks go
+        through ``create_node`` so the hooks run.
+        """
+        graph = self.graph
+        owner = graph._owning_module if self._plain_graph else None
+        if not self._plain_graph or (owner is not None and getattr(owner, "_create_node_hooks", None)):
+            return graph.create_node(op, target, args, kwargs)
+        try:
+            key = (op, target)
+            base = self._node_names.get(key)
+        except TypeError:  # an unhashable target
+            key, base = None, None
+        if base is None:
+            base = graph._target_to_str(target)
+            if key is not None:
+                self._node_names[key] = base
+        namespace = graph._graph_namespace
+        name = namespace.create_name(base, None)
+        node = fx.Node(graph, name, op, target, args, kwargs)
+        namespace.associate_name_with_obj(name, node)
+        graph._insert(node)
+        graph._find_nodes_lookup_table.insert(node)
+        graph._len += 1
+        return node
 
     # -- lookups ---------------------------------------------------------------
     @property
@@ -204,12 +248,29 @@ class Workpiece:
         return name
 
     # -- commit ----------------------------------------------------------------
+    def check_changed(self) -> None:
+        """What ``Graph.lint`` checks, for the nodes this run created or rewired.
+
+        Every other node is as the input had it, so a whole-graph lint would re-check the
+        input at the cost of a quarter of a recompile (20,000 nodes). A changed node must be
+        in the graph and read only nodes that are in the graph and come before it.
+        """
+        graph = self.graph
+        for node in self.changed:
+            if node._erased or node.graph is not graph:
+                continue
+            for used in node.all_input_nodes:
+                if used._erased or used.graph is not graph:
+                    raise ModelError(f"node %{node.name} uses %{used.name}, which is not in the graph")
+                if not used < node:
+                    raise ModelError(f"node %{node.name} uses %{used.name} before it is computed")
+
     def commit(self) -> fx.GraphModule:
-        """Lint the graph and build the one new GraphModule (the single recompile of the run)."""
+        """Check what changed and build the one new GraphModule (the single recompile of the run)."""
         # The graph may still name its source module as owner (graphs from torch.export do), which
         # lacks the modules this run created; the new GraphModule below becomes its owner.
         self.graph._owning_module = None
-        self.graph.lint()
+        self.check_changed()
         root: dict = {}
         for node in self.graph.nodes:
             if node.op == "call_module":
@@ -221,14 +282,27 @@ class Workpiece:
                 root[node.target] = self.attr_of(node.target)
         module = fx.GraphModule(root, self.graph, class_name=self.class_name)
         module.training = self.training
-        for name, container in module.named_modules():
-            if name and name not in root:  # a container GraphModule created; mirror the original's mode
-                original = self.modules.get(name)
-                if original is not None:
-                    container.training = original.training
+        self._mirror_containers(module, root)
         if self.donor is not None:
             _carry_state(self.donor, module)
         return module
+
+    def _mirror_containers(self, module: fx.GraphModule, root: dict) -> None:
+        """The containers GraphModule made for dotted targets (``blocks.0`` in ``blocks.0.fc``) take
+        the training mode of the original's module at that path."""
+        prefixes: set = set()
+        for target in root:
+            while "." in target:
+                target = target.rsplit(".", 1)[0]
+                if target in prefixes:
+                    break
+                prefixes.add(target)
+        for name in prefixes:
+            if name in root:
+                continue
+            original = self.modules.get(name)
+            if original is not None:
+                module.get_submodule(name).training = original.training
 
 
 def _carry_state(donor: nn.Module, module: fx.GraphModule) -> None:
@@ -273,18 +347,12 @@ class _Builder:
         :class:`fxrules.builders.BuilderError` declines these inputs (any other exception is
         a failure and propagates).
         """
+        calls = self.match.program.module_calls
+        if not calls:
+            return None
         from .builders import BuilderError
 
-        stack = list(self.match.program.replacements)
-        while stack:
-            item = stack.pop()
-            if isinstance(item, RSeq):
-                stack.extend(item.items)
-                continue
-            if not isinstance(item, RCall):
-                continue
-            stack.extend(item.args or ())
-            stack.extend(v for _, v in item.kwargs)
+        for item in calls:
             spec = item.target
             root = self.match.roots[item.root_index]
             if isinstance(spec, RBuilder):
@@ -311,8 +379,6 @@ class _Builder:
                 module = spec.cls(**kwargs)
                 reference = self.work.module_of(root.target) if root.op == "call_module" else None
                 base = _snake(spec.cls.__name__)
-            else:
-                continue
             self.premade[id(item)] = (_place_like(module, reference, self.work.training), reference, base)
         return None
 
@@ -350,15 +416,10 @@ class _Builder:
             if item.rest and self.env.rest is not None:
                 args = args + tuple(self.env.rest[0])
                 kwargs.update(self.env.rest[1])
-        graph = self.work.graph
-        if item.op == "call_function":
-            node = graph.call_function(item.target, args, kwargs)
-        elif item.op == "call_method":
-            node = graph.call_method(item.target, args, kwargs)
-        else:
-            # create_node: Graph.call_module would look the new name up in the graph's owning module
-            # (set for graphs from torch.export), where new modules are not yet (they join at commit)
-            node = graph.create_node("call_module", self.module_target(item, root), args, kwargs)
+        # Not Graph.call_module: it looks the new name up in the graph's owning module (set for
+        # graphs from torch.export), where new modules are not yet (they join at commit).
+        target = self.module_target(item, root) if item.op == "call_module" else item.target
+        node = self.work.new_node(item.op, target, args, kwargs)
         self.work.created(node)
         self.inherit_meta(node, root)
         self.created.append(node)
@@ -431,6 +492,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
         n.name for n in match.bindings.nodes if n not in match.roots)
     erased_inputs = _erase_dead(work, list(match.bindings.nodes) + list(match.bindings.attrs))
     touched.update(erased_inputs)
+    work.changed.update(touched)
     for node in list(touched):
         if node.graph is None or getattr(node, "_erased", False):
             touched.discard(node)
@@ -458,7 +520,7 @@ def _erase_dead(work: Workpiece, candidates: list) -> set:
         work.erased(node)
         for inp in inputs:
             if not inp.users and inp.op not in ("placeholder", "output") \
-                    and side_effect(inp, work.module_of) is None:
+                    and work.effects.side_effect(inp) is None:
                 stack.append(inp)
             else:
                 survivors.add(inp)

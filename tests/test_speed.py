@@ -14,6 +14,8 @@ import copy
 import operator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
@@ -127,7 +129,7 @@ def test_the_pre_check_changes_no_result(monkeypatch):
     fast = fxrules.apply_rules(gm, rules)
     found_fast = fxrules.find_matches(gm, rules)
     assert fast.report.applied  # the matching rules do fire
-    monkeypatch.setattr(engine, "may_match", lambda program, node, module_of: True)
+    monkeypatch.setattr(engine, "may_match", lambda program, node, module_of, keys: True)
     slow = fxrules.apply_rules(gm, rules)
     assert _summary(fast) == _summary(slow)
     assert found_fast == fxrules.find_matches(gm, rules)
@@ -150,7 +152,7 @@ def test_the_pre_check_skips_near_misses(monkeypatch):
     assert attempts and not [a for a in attempts if a.startswith("near_")]
     # without the pre-check, every matmul and + node is tried against each near miss
     attempts.clear()
-    monkeypatch.setattr(engine, "may_match", lambda program, node, module_of: True)
+    monkeypatch.setattr(engine, "may_match", lambda program, node, module_of, keys: True)
     fxrules.apply_rules(gm, _rules())
     assert len([a for a in attempts if a.startswith("near_")]) >= 12
 
@@ -320,3 +322,65 @@ def test_checking_pauses_the_garbage_collector_and_restores_it():
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+def test_copy_graph_keeps_the_name_table():
+    """Names the original handed out stay taken in the copy, even for nodes since erased, and a
+    node named `output` keeps the output node's name as it was."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.output = nn.ReLU()
+
+        def forward(self, x):
+            y = torch.relu(x)
+            return self.output(torch.neg(y))
+
+    gm = fx.symbolic_trace(M())
+    neg = next(n for n in gm.graph.nodes if n.target is torch.neg)
+    neg.replace_all_uses_with(neg.args[0])
+    gm.graph.erase_node(neg)  # `neg` stays taken in the original's namespace
+    ours = copy_graph(gm.graph)
+    assert [n.name for n in ours.nodes] == [n.name for n in gm.graph.nodes]
+    assert ours.output_node().name == gm.graph.output_node().name != "output"
+    for graph in (ours, gm.graph):
+        with graph.inserting_before(graph.output_node()):
+            graph.call_function(torch.neg, (next(iter(graph.nodes)),))
+    assert [n.name for n in ours.nodes] == [n.name for n in gm.graph.nodes]
+    assert ours.python_code("self").src == gm.graph.python_code("self").src
+    ours.lint()
+
+
+_BIND_TARGETS = [torch.sum, torch.add, torch.transpose, torch.relu, F.gelu, F.softmax, operator.add, torch.matmul,
+                 torch.cat, torch.reshape, F.linear, F.dropout, torch.mean, torch.permute,
+                 torch.ops.aten.convolution.default, torch.ops.aten.batch_norm.default]
+
+
+def _bind_signatures():
+    from fxrules import signatures
+
+    found = [s for t in _BIND_TARGETS for s in signatures.for_function(t)]
+    found += [signatures.for_module(nn.Linear)[0], signatures.for_module(nn.MultiheadAttention)[0]]
+    return found
+
+
+_SIGNATURES = _bind_signatures()
+_PARAM_NAMES = sorted({name for s in _SIGNATURES for name in s.parameters}) + ["not_a_parameter"]
+
+
+@given(sig=st.sampled_from(_SIGNATURES),
+       args=st.lists(st.sampled_from([1, 2.0, None, "x", (1, 2), True]), max_size=7).map(tuple),
+       kwargs=st.dictionaries(st.sampled_from(_PARAM_NAMES), st.sampled_from([0, None, False]), max_size=3))
+def test_fast_binding_is_what_signature_bind_does(sig, args, kwargs):
+    """``signatures.bind`` binds plain signatures itself: the same parameters, in the same order,
+    and None exactly where ``inspect.Signature.bind`` raises."""
+    from fxrules import signatures
+
+    try:
+        expected = dict(sig.bind(*args, **kwargs).arguments)
+    except TypeError:
+        expected = None
+    got = signatures.bind(sig, args, kwargs)
+    assert got == expected
+    if got is not None:
+        assert list(got) == list(expected)
