@@ -15,9 +15,13 @@ replace_pattern  ``torch.fx.replace_pattern``, one call per pattern, and for mod
 inductor         ``torch._inductor.pattern_matcher.PatternMatcherPass`` with the equivalent
                  patterns registered once outside the timing; ``apply(gm)`` then one
                  ``gm.recompile()``.
-floor            one pass over the nodes with a dict lookup per node (the (op, target) index
-                 of the workload's rules) plus one ``gm.recompile()``, measured separately
-                 and added: what any tool that looks at every node once and emits code once
+floor            the issue's floor: one pass over the nodes with a dict lookup per node (the
+                 (op, target) index of the workload's rules), plus the graph edits the
+                 rewrites need at torch.fx's own unit costs (``Graph.create_node`` per created
+                 node, ``replace_all_uses_with`` per replaced root, ``erase_node`` per removed
+                 node: each unit measured on a copy of this graph, times fxrules' counts),
+                 plus one ``gm.recompile()``; measured separately and added: what any tool
+                 that looks at every node once, edits only what changes and emits code once
                  must pay.
 
 Each timing is the median of up to ``--repeat`` runs (``--large-repeat`` from 10,000 nodes),
@@ -108,6 +112,7 @@ class Cell:
     nodes_after: Optional[int] = None
     note: str = ""
     all_seconds: list = field(default_factory=list)
+    edits: Optional[tuple] = None  # fxrules: nodes (created, rewired, erased), for the floor
 
     def show(self) -> str:
         if self.status in ("timeout", "skipped-timeout"):
@@ -166,14 +171,23 @@ class Row:
     cells: dict
     floor_scan: Optional[float] = None
     floor_recompile: Optional[float] = None
+    floor_mutation: Optional[float] = None  # the rewrites' create/rewire/erase at torch.fx's unit costs
     graph_copy: Optional[float] = None
+    phases: Optional[dict] = None  # fxrules' own time by phase (one instrumented run), seconds
     failures: list = field(default_factory=list)
 
     @property
     def floor(self) -> Optional[float]:
         if self.floor_scan is None or self.floor_recompile is None:
             return None
-        return self.floor_scan + self.floor_recompile
+        return self.floor_scan + (self.floor_mutation or 0.0) + self.floor_recompile
+
+    @property
+    def work_floor(self) -> Optional[float]:
+        """The floor without its recompile: scan plus the edits."""
+        if self.floor_scan is None:
+            return None
+        return self.floor_scan + (self.floor_mutation or 0.0)
 
 
 class Bench:
@@ -185,6 +199,7 @@ class Bench:
         self.timed_out: dict = {}  # (tool, workload) -> size at which it timed out
         self.last: dict = {}  # (tool, workload) -> (nodes, median seconds) of its last measurement
         self.graph_copy: dict = {}  # (family, depth) -> seconds to copy the graph (copy_graph)
+        self.unit_costs: dict = {}  # (family, depth) -> seconds per (created, rewired, erased) node
         self.runners: dict = {}  # (tool, workload) -> runner
         self.rows: list[Row] = []
         self.failures: list[str] = []
@@ -293,6 +308,13 @@ class Bench:
                 self.graph_copy[key] = measure(lambda gm: copy_graph(gm.graph), same, self.repeat(g.nodes),
                                                None, a.budget)[0].seconds
             row.graph_copy = self.graph_copy[key]
+            fx_cell = row.cells.get("fxrules")
+            if fx_cell is not None and fx_cell.edits is not None:
+                if key not in self.unit_costs:
+                    self.unit_costs[key] = edit_unit_costs(g.gm)
+                row.floor_mutation = sum(n * c for n, c in zip(fx_cell.edits, self.unit_costs[key]))
+        if "fxrules" in timers and a.breakdown:
+            row.phases = breakdown(w, g)
         self.cross_check(w, row)
         return row
 
@@ -316,9 +338,13 @@ class Bench:
               inp: Any, out: Any) -> None:
         """What the tool produced, and whether it computes what the model computes."""
         if tool == "fxrules":
-            result_gm, cell.rewrites = out.module, len(out.report.applied)
-            if out.report.rejected:
-                cell.note = f"{len(out.report.rejected)} rejected"
+            report = out.report
+            result_gm, cell.rewrites = out.module, len(report.applied)
+            created = sum(len(entry.created) for entry in report.applied)
+            rewired = sum(len(entry.replaced_by) for entry in report.applied)
+            cell.edits = (created, rewired, created + report.nodes_before - report.nodes_after)
+            if report.rejected:
+                cell.note = f"{len(report.rejected)} rejected"
         else:
             result_gm, cell.rewrites = inp, out
         cell.nodes_after = len(result_gm.graph.nodes)
@@ -386,7 +412,8 @@ class Bench:
             "args": {k: v for k, v in vars(self.args).items()},
             "rows": [{
                 "workload": r.workload, "family": r.family, "nodes": r.nodes,
-                "floor_scan_s": r.floor_scan, "floor_recompile_s": r.floor_recompile, "graph_copy_s": r.graph_copy,
+                "floor_scan_s": r.floor_scan, "floor_recompile_s": r.floor_recompile,
+                "floor_mutation_s": r.floor_mutation, "graph_copy_s": r.graph_copy, "fxrules_phases_s": r.phases,
                 "cells": {t: {"median_s": c.seconds, "runs": c.runs, "all_s": c.all_seconds, "status": c.status,
                               "rewrites": c.rewrites, "nodes_after": c.nodes_after, "note": c.note}
                           for t, c in r.cells.items()},
@@ -394,6 +421,99 @@ class Bench:
             } for r in self.rows],
             "failures": self.failures,
         }
+
+
+def edit_unit_costs(gm: fx.GraphModule, count: int = 2000) -> tuple[float, float, float]:
+    """Seconds per created, rewired and erased node: torch.fx's own ``create_node``,
+    ``replace_all_uses_with`` and ``erase_node``, measured on a copy of ``gm``'s graph (each the
+    median of 3 batches of ``count``), at the graph's end, where the rewrites' inputs are."""
+    times: dict = {"create": [], "rewire": [], "erase": []}
+    for _ in range(3):
+        graph = copy_graph(gm.graph)
+        source = next(n for n in graph.nodes if n.op == "placeholder")
+        gc.collect()
+        start = time.perf_counter()
+        with graph.inserting_before(graph.output_node()):
+            made = [graph.call_function(torch.neg, (source,)) for _ in range(count)]
+        middle = time.perf_counter()
+        with graph.inserting_before(graph.output_node()):
+            readers = [graph.call_function(torch.neg, (n,)) for n in made]
+        times["create"].append((middle - start) / count)
+        start = time.perf_counter()
+        for node in made:
+            node.replace_all_uses_with(source)
+        times["rewire"].append((time.perf_counter() - start) / count)
+        start = time.perf_counter()
+        for node in made:
+            graph.erase_node(node)
+        times["erase"].append((time.perf_counter() - start) / count)
+        del readers
+    return tuple(statistics.median(times[k]) for k in ("create", "rewire", "erase"))
+
+
+def breakdown(w: Workload, g: graphs.Graph) -> dict:
+    """fxrules' time by phase, from one instrumented run (not one of the timed ones): copying the
+    input, matching (incl. conditions and the pre-check scan), planning, editing the graph, the
+    commit's checks and GraphModule assembly, and its one recompile."""
+    from fxrules import engine
+    from fxrules import transaction
+
+    spent: dict = {}
+
+    def timed(owner: Any, name: str, label: str) -> Callable[[], None]:
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - started
+
+        setattr(owner, name, wrapper)
+        return lambda: setattr(owner, name, original)
+
+    gm = fresh(g.gm)
+    rules = w.rules
+    gc.collect()
+    undo = [timed(engine, "prepare", "copy"), timed(engine._Session, "rewrite", "rewrite"),
+            timed(engine._Session, "plan", "plan"), timed(engine, "apply_match", "edit"),
+            timed(transaction.Workpiece, "commit", "commit"), timed(fx.GraphModule, "recompile", "recompile")]
+    try:
+        started = time.perf_counter()
+        fxrules.apply_rules(gm, rules)
+        total = time.perf_counter() - started
+    finally:
+        for restore in undo:
+            restore()
+    phases = {
+        "copy": spent.get("copy", 0.0),
+        "match": spent.get("rewrite", 0.0) - spent.get("plan", 0.0) - spent.get("edit", 0.0),
+        "plan": spent.get("plan", 0.0),
+        "edit": spent.get("edit", 0.0),
+        "commit": spent.get("commit", 0.0) - spent.get("recompile", 0.0),
+        "recompile": spent.get("recompile", 0.0),
+    }
+    phases["other"] = max(0.0, total - sum(phases.values()))
+    phases["total"] = total
+    return phases
+
+
+def breakdown_table(rows: list) -> str:
+    """fxrules' phases per row, and its work without the recompile against the floor's."""
+    head = ("| workload | nodes | total ms | copy | match | plan | edit | commit | recompile | other "
+            "| work excl. recompile | scan + edits floor | ratio |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        p = r.phases
+        if not p:
+            continue
+        work = p["total"] - p["recompile"]
+        lines.append(
+            f"| {r.workload} | {r.nodes} | {p['total'] * 1000:.0f} | "
+            + " | ".join(f"{p[k] * 1000:.0f}" for k in ("copy", "match", "plan", "edit", "commit", "recompile", "other"))
+            + f" | {work * 1000:.0f} | {_ms(r.work_floor)} | {_ratio(work, r.work_floor)} |")
+    return "\n".join(lines)
 
 
 def parse_texts(count: int) -> str:
@@ -522,6 +642,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="tiny graphs (~300 nodes), one repeat, every workload: a correctness check")
     p.add_argument("--json", help="also write every measurement to this file")
     p.add_argument("--profile", action="store_true", help="print a cProfile of one fxrules run per cell")
+    p.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                   help="skip the extra instrumented fxrules run per cell that splits its time by phase")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; see README)")
     p.add_argument("--parse", default="100,2000,20000",
                    help="rule counts for the parse+check timing (comma-separated; empty: none)")
@@ -558,6 +680,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(args.sizes) > 1:
         print("\nScaling exponents (time ~ nodes^k, smallest to largest size):\n")
         print(scaling_table(bench.rows))
+    if any(r.phases for r in bench.rows):
+        print("\nWhere fxrules' time goes (ms; one instrumented run per row, so it differs from the "
+              "median above; `match` includes the scan and conditions, `commit` the checks and module "
+              "assembly without the recompile):\n")
+        print(breakdown_table(bench.rows))
     if parsing:
         print("\nParse and check (`fxrules.parse_rules`) of generated rule files:\n")
         print(parse_table(parsing))
