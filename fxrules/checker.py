@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from . import ast as A
-from .errors import ERROR, WARNING, Diagnostic
+from .errors import WARNING, Diagnostic
 from .names import BUILTIN_ALIASES, Resolution, Resolver, builtin_path, expand, torch_available
 from .predicates import CONDITION_FUNCTIONS, PREDICATE_NAMES
 
@@ -65,6 +65,7 @@ class _FileChecker:
         self.file = rule_file
         self.resolver = resolver
         self.diagnostics: list[Diagnostic] = []
+        self.errors = 0  # how many of the diagnostics are errors: a rule is checked clean when none were added
         self.aliases: dict[str, str] = {}
         self.bad_aliases: set[str] = set()  # aliases whose `use` line was already reported
         self.torch = torch_available()
@@ -72,6 +73,7 @@ class _FileChecker:
     # -- reporting -----------------------------------------------------------------
     def error(self, span: A.Span, code: str, message: str, notes: Iterable[str] = ()) -> None:
         self.diagnostics.append(Diagnostic.at(span, code, message, notes=notes))
+        self.errors += 1
 
     def warning(self, span: A.Span, code: str, message: str, notes: Iterable[str] = ()) -> None:
         self.diagnostics.append(Diagnostic.at(span, code, message, notes=notes, severity=WARNING))
@@ -91,12 +93,13 @@ class _FileChecker:
                            "an example must follow the rule it illustrates",
                            notes=["write it on the lines after the rule, before the next rule or `use`"])
             else:
-                before = len([d for d in self.diagnostics if d.severity == ERROR])
+                before = self.errors
                 contract = self.contract_word(item.contract) if item.contract is not None else default
                 self.rule(item)
-                if len([d for d in self.diagnostics if d.severity == ERROR]) == before:
+                if self.errors == before:
                     name = item.name if item.name is not None else item.span.location
-                    checked.append(CheckedRule(name, contract or default, item, dict(self.aliases)))
+                    # numbered in file order: a rule set of this file alone need not renumber them
+                    checked.append(CheckedRule(name, contract or default, item, dict(self.aliases), len(checked)))
         return checked
 
     def use(self, item: A.Use) -> None:
@@ -138,7 +141,8 @@ class _FileChecker:
                        f"the pattern has {len(rule.patterns)} root{'s' * (len(rule.patterns) != 1)} but the "
                        f"replacement has {len(rule.replacements)}",
                        notes=["each pattern root is replaced by the replacement at the same position"])
-        elif self.canonical(rule.patterns, rule.patterns) == self.canonical(rule.replacements, rule.patterns):
+        elif all(self.same(pattern, _filled(replacement, pattern))
+                 for pattern, replacement in zip(rule.patterns, rule.replacements)):
             self.error(rule.span, "identity-rewrite", "the replacement is identical to the pattern, so the rule "
                                                       "could only rewrite forever")
         for example in rule.examples:
@@ -244,43 +248,58 @@ class _FileChecker:
             for keyword in call.kwargs:
                 self.example_expr(keyword.value, declared, uses)
 
-    def canonical(self, exprs: tuple, patterns: tuple) -> tuple:
-        """A comparable form with names expanded and bare replacements given the root's arguments."""
-        out = []
-        for index, expr in enumerate(exprs):
-            root = _unwrap(patterns[index]) if index < len(patterns) else None
-            if isinstance(expr, A.Call) and expr.args is None and isinstance(root, A.Call) and root.op == expr.op:
-                expr = A.Call(expr.op, expr.target, root.args, root.kwargs, expr.attrs, expr.builder_args)
-            out.append(self.canonical_expr(expr))
-        return tuple(out)
+    def same(self, a: A.Expr, b: A.Expr) -> bool:
+        """Whether two expressions are the same once names are expanded (``F.relu`` is
+        ``torch.nn.functional.relu``, ``Conv2d`` is ``torch.nn.Conv2d``), ``as`` is dropped and
+        keyword arguments are put in order. Stops at the first difference: most rules differ
+        from their pattern near the root, and this runs for every rule."""
+        while type(a) is A.Bind:
+            a = a.expr
+        while type(b) is A.Bind:
+            b = b.expr
+        kind = type(a)
+        if kind is not type(b):
+            return False
+        if kind is A.Call:
+            return (a.op == b.op and self.call_target(a) == self.call_target(b)
+                    and self.same_items(a.args, b.args) and self.same_keywords(a.kwargs, b.kwargs)
+                    and self.same_keywords(a.attrs, b.attrs) and self.same_items(a.builder_args, b.builder_args))
+        if kind is A.ListExpr or kind is A.TupleExpr:
+            return self.same_items(a.items, b.items)
+        if kind is A.Alt:
+            return self.same_items(a.options, b.options)
+        if kind is A.Name and (len(a.dotted.parts) > 1 or len(b.dotted.parts) > 1):
+            return (len(a.dotted.parts) > 1 and len(b.dotted.parts) > 1
+                    and self.full_path(a.dotted) == self.full_path(b.dotted))
+        return a == b  # as written (spans aside)
 
-    def canonical_expr(self, expr) -> object:
-        if isinstance(expr, A.Call):
-            if expr.op == "call_method":
-                target = expr.target.text
-            elif expr.op == "call_module" and len(expr.target.parts) == 1 and expr.target.parts[0] not in self.aliases:
-                target = "torch.nn." + expr.target.parts[0]
-            else:
-                target = self.full_path(expr.target)
-            return (expr.op, target,
-                    None if expr.args is None else tuple(self.canonical_expr(a) for a in expr.args),
-                    tuple(sorted(((k.name, self.canonical_expr(k.value)) for k in expr.kwargs), key=_first)),
-                    None if expr.attrs is None else tuple(sorted(((k.name, self.canonical_expr(k.value))
-                                                                  for k in expr.attrs), key=_first)),
-                    None if expr.builder_args is None else tuple(self.canonical_expr(a) for a in expr.builder_args))
-        if isinstance(expr, A.Bind):
-            return self.canonical_expr(expr.expr)
-        if isinstance(expr, (A.ListExpr, A.TupleExpr)):
-            return (type(expr).__name__, tuple(self.canonical_expr(i) for i in expr.items))
-        if isinstance(expr, A.Alt):
-            return ("alt", tuple(self.canonical_expr(o) for o in expr.options))
-        if isinstance(expr, A.Name) and len(expr.dotted.parts) > 1:
-            return ("name", self.full_path(expr.dotted))
-        return expr
+    def same_items(self, a: Optional[tuple], b: Optional[tuple]) -> bool:
+        if a is None or b is None:
+            return a is b
+        return len(a) == len(b) and all(self.same(x, y) for x, y in zip(a, b))
+
+    def same_keywords(self, a: Optional[tuple], b: Optional[tuple]) -> bool:
+        """Keyword arguments (or attributes) by name, whatever their order."""
+        if a is None or b is None:
+            return a is b
+        if len(a) != len(b):
+            return False
+        a, b = sorted(a, key=_name), sorted(b, key=_name)
+        return all(x.name == y.name and self.same(x.value, y.value) for x, y in zip(a, b))
+
+    def call_target(self, call: A.Call) -> str:
+        """The full path of a call's target (a method's name as written)."""
+        if call.op == "call_method":
+            return call.target.text
+        if call.op == "call_module" and len(call.target.parts) == 1 and call.target.parts[0] not in self.aliases:
+            return "torch.nn." + call.target.parts[0]
+        return self.full_path(call.target)
 
     # -- patterns --------------------------------------------------------------------
     def pattern(self, expr: A.Expr, scope: _Scope, *, root: bool, enclosing: tuple[str, ...]) -> None:
-        if isinstance(expr, A.Capture):
+        if isinstance(expr, A.Call):  # the most common first (the kinds are disjoint: the order is only speed)
+            self.pattern_call(expr, scope, enclosing)
+        elif isinstance(expr, A.Capture):
             if root:
                 self.error(expr.span, "bad-pattern", "a pattern root must be an operation, not a capture",
                            notes=["write `call_function ...`, `call_method ...`, `call_module ...` or `get_attr ...`"])
@@ -305,8 +324,6 @@ class _FileChecker:
                 self.nested_value(item, scope, enclosing)
         elif isinstance(expr, A.Ellipsis_):
             self.error(expr.span, "ellipsis-misuse", "`...` may only end an argument list")
-        elif isinstance(expr, A.Call):
-            self.pattern_call(expr, scope, enclosing)
         elif isinstance(expr, A.GetAttr):
             if isinstance(expr.target, A.Capture):
                 scope.captures.setdefault(expr.target.name, expr.target.span)
@@ -384,11 +401,12 @@ class _FileChecker:
                        "`...` must be the last positional argument")
         if pattern and positions and scope is not None:
             scope.ellipses.append(call.args[positions[0]].span)
-        names = [k.name for k in call.kwargs]
-        for keyword in call.kwargs:
-            if names.count(keyword.name) > 1 and names.index(keyword.name) != call.kwargs.index(keyword):
-                self.error(keyword.span, "bad-pattern" if pattern else "bad-replacement",
-                           f"keyword argument `{keyword.name}` is given twice")
+        if len(call.kwargs) > 1:  # a keyword given twice
+            names = [k.name for k in call.kwargs]
+            for keyword in call.kwargs:
+                if names.count(keyword.name) > 1 and names.index(keyword.name) != call.kwargs.index(keyword):
+                    self.error(keyword.span, "bad-pattern" if pattern else "bad-replacement",
+                               f"keyword argument `{keyword.name}` is given twice")
 
     def attribute_value(self, value: A.Expr, scope: _Scope, *, pattern: bool) -> None:
         if isinstance(value, (A.Call, A.GetAttr, A.Alt, A.Bind, A.Ellipsis_)):
@@ -549,7 +567,9 @@ class _FileChecker:
 
     # -- replacements --------------------------------------------------------------------
     def replacement(self, expr: A.Expr, scope: _Scope, *, root: bool) -> None:
-        if isinstance(expr, A.Capture):
+        if isinstance(expr, A.Call):  # the most common first (the kinds are disjoint: the order is only speed)
+            self.replacement_call(expr, scope, root=root)
+        elif isinstance(expr, A.Capture):
             if expr.name not in scope.captures:
                 self.unbound_capture(expr.name, expr.span, scope, "the replacement")
         elif isinstance(expr, A.Wildcard):
@@ -577,8 +597,6 @@ class _FileChecker:
                     self.replacement(item, scope, root=False)
         elif isinstance(expr, A.Ellipsis_):
             self.error(expr.span, "ellipsis-misuse", "`...` may only end an argument list")
-        elif isinstance(expr, A.Call):
-            self.replacement_call(expr, scope, root=root)
         elif isinstance(expr, A.GetAttr):
             if not isinstance(expr.target, A.Capture):
                 self.error(expr.span, "bad-replacement",
@@ -806,8 +824,18 @@ def _rooted_at_name(cond: A.Cond) -> bool:
     return isinstance(cond, A.CName)
 
 
-def _first(pair: tuple) -> object:
-    return pair[0]
+def _name(keyword: A.Keyword) -> str:
+    return keyword.name
+
+
+def _filled(replacement: A.Expr, pattern: A.Expr) -> A.Expr:
+    """A bare replacement call (``call_module M``) with the arguments of the pattern root it forwards."""
+    root = _unwrap(pattern)
+    if (isinstance(replacement, A.Call) and replacement.args is None and isinstance(root, A.Call)
+            and root.op == replacement.op):
+        return A.Call(replacement.op, replacement.target, root.args, root.kwargs, replacement.attrs,
+                      replacement.builder_args)
+    return replacement
 
 
 def _constructor_signature(module_class: Any) -> Optional[inspect.Signature]:

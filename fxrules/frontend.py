@@ -1,7 +1,9 @@
 """The front end's driver: sources to a checked RuleSet, or every diagnostic found.
 
 source -> parser -> builder -> checker, per file; then duplicate names across
-the whole set. Syntax errors stop their own file only: the other files are
+the whole set. Text becomes an AST in one pass (the parser's loop making the builder's nodes,
+:func:`fxrules.builder.build_direct`); a text it gives up on goes the reference way (a Lark
+tree, then the builder), which reports what is wrong. Syntax errors stop their own file only: the other files are
 still checked, so one run reports everything it can.
 """
 
@@ -11,7 +13,7 @@ import os
 from typing import Iterable, Union
 
 from . import ast as A
-from .builder import build
+from .builder import NotDirect, build, build_direct
 from .checker import check_duplicates, check_file
 from .errors import ERROR, Diagnostic, RuleFileError
 from .names import Resolver
@@ -24,7 +26,10 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 def parse_source(source: Source) -> A.RuleFile:
     """Text to AST (syntax only). Raises RuleFileError with one syntax diagnostic."""
-    return build(parse_tree(source), source)
+    try:
+        return build_direct(source)
+    except NotDirect:
+        return build(parse_tree(source), source)
 
 
 def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, list[Diagnostic]]:
@@ -55,7 +60,9 @@ def _analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, li
     duplicates = check_duplicates(asts)
     diagnostics.extend(duplicates)
     clashing = {(d.path, d.line, d.column) for d in duplicates}
-    rules = [r for r in rules if (r.ast.name_span.path, r.ast.name_span.line, r.ast.name_span.column) not in clashing]
+    if clashing:
+        rules = [r for r in rules
+                 if (r.ast.name_span.path, r.ast.name_span.line, r.ast.name_span.column) not in clashing]
     warnings = tuple(d for d in diagnostics if d.severity != ERROR)
     return RuleSet._renumbered(rules, texts, warnings, resolver), diagnostics
 

@@ -3,6 +3,12 @@
 Newlines end statements except inside brackets; the lexer drops them there (as
 Python does) and enforces nesting limits, so no input can make the later,
 recursive stages overflow the stack.
+
+Two loops drive the same LALR table. :func:`parse_tree` (the reference) builds Lark's
+tree and, for a text with a syntax error, lets Lark's own loop find it and words the
+diagnostic. :func:`parse_direct` (the front end's fast path, with the reductions of
+:mod:`fxrules.builder`) scans and parses in one loop and makes whatever the caller's
+reductions make; it gives up on anything wrong, leaving the words to the reference.
 """
 
 from __future__ import annotations
@@ -10,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import re
 import sys
 import threading
 import types
 from importlib import resources
-from typing import Iterator, Optional
+from typing import Callable, Iterator, NamedTuple, Optional
 
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -70,6 +77,39 @@ def _context() -> _Context:
     return getattr(_CONTEXT, "context", None) or _Context()
 
 
+_REGEX_ORDER = ("_NL", "WS", "LINE_CONTINUATION", "COMMENT", "STRING", "FLOAT", "INT", "CAPTURE", "NAME")
+"""Where the grammar's regular-expression terminals go in the lexer's alternation (the first that matches wins)."""
+
+
+def _terminals(lexer_conf) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The grammar's terminals as the lexers use them: keywords (word -> terminal) and the ordered alternatives.
+
+    The alternatives are (terminal, regular expression) pairs, tried in order: the regex
+    terminals in :data:`_REGEX_ORDER`, then punctuation, the longest first (`->` over `-`,
+    `//` over `/`). Keywords are not alternatives: a word lexes as NAME, and the lexer makes it
+    a keyword where the parser accepts that keyword.
+    """
+    from lark.lexer import PatternStr
+
+    word = re.compile(r"[^\W\d]\w*\Z")
+    keywords: dict[str, str] = {}
+    punctuation, regexes = [], {}
+    for terminal in lexer_conf.terminals:
+        pattern = terminal.pattern
+        if isinstance(pattern, PatternStr) and word.match(pattern.value):
+            keywords[pattern.value] = terminal.name
+        elif isinstance(pattern, PatternStr):
+            punctuation.append((terminal.name, pattern.value))
+        else:
+            regexes[terminal.name] = pattern.to_regexp()
+    missing = set(regexes) ^ set(_REGEX_ORDER)
+    if missing:  # a new regex terminal in the grammar must be placed here deliberately
+        raise AssertionError(f"fxrules.parser._Lexer does not know where to put {sorted(missing)}")
+    alternatives = [(name, regexes[name]) for name in _REGEX_ORDER]
+    alternatives += [(name, re.escape(value)) for name, value in sorted(punctuation, key=lambda item: -len(item[1]))]
+    return keywords, alternatives
+
+
 class _Lexer(lark.lexer.Lexer):
     """The lexer: the grammar's terminals as one regular expression, keywords chosen by parser state.
 
@@ -84,30 +124,9 @@ class _Lexer(lark.lexer.Lexer):
     __future_interface__ = 2
 
     def __init__(self, lexer_conf) -> None:
-        import re
-
-        from lark.lexer import PatternStr
-
         self.ignore = frozenset(lexer_conf.ignore)
-        word = re.compile(r"[^\W\d]\w*\Z")
-        self.keywords: dict[str, str] = {}
-        punctuation, regexes = [], {}
-        for terminal in lexer_conf.terminals:
-            pattern = terminal.pattern
-            if isinstance(pattern, PatternStr) and word.match(pattern.value):
-                self.keywords[pattern.value] = terminal.name
-            elif isinstance(pattern, PatternStr):
-                punctuation.append((terminal.name, pattern.value))
-            else:
-                regexes[terminal.name] = pattern.to_regexp()
-        order = ["_NL", "WS", "LINE_CONTINUATION", "COMMENT", "STRING", "FLOAT", "INT", "CAPTURE", "NAME"]
-        missing = set(regexes) ^ set(order)
-        if missing:  # a new regex terminal in the grammar must be placed here deliberately
-            raise AssertionError(f"fxrules.parser._Lexer does not know where to put {sorted(missing)}")
-        parts = [f"(?P<{name}>{regexes[name]})" for name in order]
-        parts += [f"(?P<{name}>{re.escape(value)})"
-                  for name, value in sorted(punctuation, key=lambda item: -len(item[1]))]
-        self.master = re.compile("|".join(parts))
+        self.keywords, terminals = _terminals(lexer_conf)
+        self.master = re.compile("|".join(f"(?P<{name}>{regex})" for name, regex in terminals))
 
     def lex(self, lexer_state, parser_state) -> Iterator[lark.Token]:
         text_slice = lexer_state.text
@@ -252,44 +271,52 @@ class _LoopState:
         return self.state_stack[-1]
 
 
+def _lark_rows(parser: lark.Lark, reduction: Callable) -> tuple[dict, int, int]:
+    """Lark's LALR table recoded as plain dicts: ``(rows, start state, end state)``.
+
+    A row maps a terminal or rule name to the next state (an int: shift, or goto after a
+    reduction) or to ``(size, reduction(rule), rule name)`` (reduce by a rule of that many
+    symbols). Lark's own loop looks its callbacks up by ``Rule`` objects, whose ``__hash__``
+    and ``__eq__`` are Python functions: a third of its time on long files. Raises if this
+    Lark is not laid out as expected (another version): the callers then use Lark's own loop.
+    """
+    from lark.parsers.lalr_analysis import Shift
+
+    table = parser.parser.parser.parser.parse_table  # Lark -> ParsingFrontend -> LALR_Parser -> _Parser
+    start = parser.options.start[0]
+    rows: dict = {}
+    for state, actions in table.states.items():
+        if type(state) is not int:
+            raise TypeError(f"LALR state {state!r}")
+        row = rows[state] = {}
+        for name, (action, arg) in actions.items():
+            # plain str keys: Lark's are often its Token (a str subclass whose __eq__ is Python)
+            if action is Shift:
+                if type(arg) is not int:
+                    raise TypeError(f"LALR shift to {arg!r}")
+                row[str(name)] = arg
+            else:
+                row[str(name)] = (len(arg.expansion), reduction(arg), str(arg.origin.name))
+    return rows, table.start_states[start], table.end_states[start]
+
+
 _tables: Optional[tuple] = None
 
 
 def _loop_tables(parser: lark.Lark) -> Optional[tuple]:
-    """Lark's LALR table recoded for :func:`_parse_fast`, or None if this Lark is not laid out as expected.
-
-    A row maps a terminal or rule name to the next state (an int: shift, or goto after a
-    reduction) or to ``(size, callback, rule name)`` (reduce by a rule of that many symbols).
-    Lark's own loop looks its callbacks up by ``Rule`` objects, whose ``__hash__`` and
-    ``__eq__`` are Python functions: a third of its time on long files.
-    """
+    """Lark's LALR table and tree-building callbacks for :func:`_parse_fast`, or None if this Lark is
+    not laid out as expected."""
     global _tables
     if _tables is not None:
         return _tables
     try:
-        from lark.parsers.lalr_analysis import Shift
-
-        inner = parser.parser.parser.parser  # Lark -> ParsingFrontend -> LALR_Parser -> _Parser
-        table, callbacks = inner.parse_table, inner.callbacks
-        start = parser.options.start[0]
-        rows: dict = {}
-        for state, actions in table.states.items():
-            if type(state) is not int:
-                return None
-            row = rows[state] = {}
-            for name, (action, arg) in actions.items():
-                # plain str keys: Lark's are often its Token (a str subclass whose __eq__ is Python)
-                if action is Shift:
-                    if type(arg) is not int:
-                        return None
-                    row[str(name)] = arg
-                else:
-                    row[str(name)] = (len(arg.expansion), callbacks[arg], str(arg.origin.name))
+        callbacks = parser.parser.parser.parser.callbacks
+        rows, start, end = _lark_rows(parser, callbacks.__getitem__)
         token_callbacks = {str(k): v for k, v in callbacks.items() if isinstance(k, str)}
         # what the lexer reads: parse_conf.parse_table.states[state] (`in`, for keywords)
         lexer_view = types.SimpleNamespace(parse_table=types.SimpleNamespace(
             states={state: frozenset(row) for state, row in rows.items()}))
-        _tables = (rows, table.start_states[start], table.end_states[start], token_callbacks, lexer_view)
+        _tables = (rows, start, end, token_callbacks, lexer_view)
     except Exception:  # another Lark version: use its own loop
         return None
     return _tables
@@ -336,6 +363,186 @@ def _parse_fast(parser: lark.Lark, text: str) -> lark.Tree:
 
 
 _END = (lark.Token("$END", ""),)  # after the last token: reduce until the start rule is complete
+
+
+# ---------------------------------------------------------------------------
+# The direct path: text to whatever the reductions make, with no tokens or trees in between
+# ---------------------------------------------------------------------------
+
+Reduction = Callable[[object, list], object]
+"""What a grammar rule's reduction makes from its symbols' values: ``reduce(target, values)``.
+
+``values`` holds one value per symbol of the rule's expansion, in order: for a terminal the
+scanner's ``re.Match`` (its text, offsets and nothing else), for a rule what its own
+reduction made. ``target`` is the per-file object the caller passed to :func:`parse_direct`.
+"""
+
+_SCAN_FIRST = ("NAME", "WS")
+"""Terminals the scanner tries before the lexer's order. They are the most frequent, and no
+other terminal can begin with what they begin with (a letter or `_`; a space, tab or form
+feed), so trying them first changes no token. The first alternatives that do not fail at
+once are the costly ones: Python's regex engine skips an alternative after one character
+only when it begins with a literal or a character class."""
+
+
+class DirectTables(NamedTuple):
+    """The parse table with a caller's reductions, and the scanner: built once per reduction function."""
+
+    rows: list  # per state: terminal or rule name -> next state, or (size, Reduction or None, rule name)
+    start: int
+    end: int
+    keywords: dict  # word -> keyword terminal (a NAME is that keyword where the state accepts it)
+    ignore: frozenset  # terminals that are only whitespace and comments
+    scan: Callable  # text -> iterator of re.Match, one per token, each with its terminal as lastgroup
+    units: dict  # (state below, state, terminal) -> the state after the unit reductions there (filled as met)
+
+
+_direct_tables: dict = {}
+
+
+def direct_tables(reduction: Callable) -> DirectTables:
+    """The tables :func:`parse_direct` runs on, with ``reduction(rule)`` as each grammar rule's reduction.
+
+    ``reduction(rule)`` (a Lark ``Rule``) returns the rule's :data:`Reduction`, or None when the
+    rule is a unit rule (one symbol) whose value is its symbol's: then only the state changes.
+    Raises if this Lark is not laid out as expected, or a unit rule is not one symbol long.
+    """
+    tables = _direct_tables.get(reduction)
+    if tables is not None:
+        return tables
+    parser = _get_parser()
+    rows, start, end = _lark_rows(parser, reduction)
+    for row in rows.values():
+        for entry in row.values():
+            if type(entry) is tuple and entry[1] is None and entry[0] != 1:
+                raise AssertionError(f"rule {entry[2]}: only a rule of one symbol can hand its value up")
+    table: list = [None] * (max(rows) + 1)
+    for state, row in rows.items():
+        table[state] = row
+    keywords, terminals = _terminals(parser.lexer_conf)
+    ordered = [t for t in terminals if t[0] in _SCAN_FIRST] + [t for t in terminals if t[0] not in _SCAN_FIRST]
+    # Each alternative ends in an empty group named after its terminal, so `lastgroup` names it
+    # and the alternative itself begins with its first character (see _SCAN_FIRST); a last
+    # alternative takes any other character, so the tokens tile the text and a character no
+    # terminal takes becomes the token `_UNLEXABLE`, which no parser state accepts.
+    pattern = "|".join(f"(?:{regex})(?P<{name}>)" for name, regex in ordered) + r"|(?P<_UNLEXABLE>[\s\S])"
+    tables = DirectTables(table, start, end, keywords, frozenset(parser.lexer_conf.ignore),
+                          re.compile(pattern).finditer, {})
+    _direct_tables[reduction] = tables
+    return tables
+
+
+def _after_units(rows: list, below: int, origin: str, kind: str) -> int:
+    """The state after a chain of unit reductions, the first of them to ``origin``, with ``kind`` next.
+
+    A unit rule's reduction pops one state and pushes the goto from the state below, so a
+    chain of them (``$x`` is an atom, a named, an alt, an expr, a value, an arg) depends only
+    on that state below, the state where it starts and the next terminal: the loop keeps the
+    answer for each and follows the chain once.
+    """
+    state = rows[below][origin]
+    entry = rows[state].get(kind)
+    while type(entry) is tuple and entry[1] is None:
+        state = rows[below][entry[2]]
+        entry = rows[state].get(kind)
+    return state
+
+
+class _EndOfInput:
+    """The token after the last: reduce until the start rule is complete."""
+
+    lastgroup = "$END"
+
+
+def parse_direct(text: str, tables: DirectTables, target: object) -> object:
+    """Parse ``text`` (ending in a newline) with the reductions in ``tables``; returns what the start rule made.
+
+    The same tokens as :class:`_Lexer` (the same alternatives, keywords by parser state, the
+    same newlines dropped in brackets and after newlines) and the same shifts and reductions as
+    Lark's LALR loop. It does less per token than ``_Lexer`` feeding :func:`_parse_fast`: no
+    ``Token`` objects (a reduction reads the ``re.Match``), no generator between scanner and
+    parser, no context kept for error messages, no call for a unit rule. Anything it does not
+    handle, a syntax error or a nesting limit above all, raises :class:`_Fallback`, and so does
+    any exception from a reduction: the caller then takes the reference path
+    (:func:`parse_tree` and :mod:`fxrules.builder`), which says what is wrong.
+    """
+    rows, start, end, keywords, ignore, scan, units = tables
+    state = start
+    state_stack = [start]
+    value_stack: list = []
+    push_state, push_value = state_stack.append, value_stack.append
+    last = None  # the terminal of the last token fed to the parser
+    depth = 0  # open brackets
+    in_condition = False  # between `where` and `->` or the end of the statement
+    operators = 0  # in the current condition
+    for m in itertools.chain(scan(text), (_EndOfInput,)):
+        kind = m.lastgroup
+        if kind == "NAME":  # the most common first
+            keyword = keywords.get(m.group())
+            if keyword is not None and keyword in rows[state]:
+                kind = keyword
+                if kind == "WHERE":
+                    in_condition, operators = True, 0
+                elif in_condition and kind in _CONDITION_OPERATORS:
+                    operators += 1
+                    if operators > MAX_CONDITION_OPERATORS:
+                        raise _Fallback()  # too deep: the reference path says so
+        elif kind in ignore:
+            continue
+        elif kind == "_NL":
+            if depth or last is None or last == "_NL":  # inside brackets, at the start, or a second newline
+                continue
+            if last != "ARROW" and last != "COLON":  # after those the statement goes on
+                in_condition = False
+        else:
+            if kind == "ARROW":
+                in_condition = False
+            elif in_condition and kind in _CONDITION_OPERATORS:
+                operators += 1
+                if operators > MAX_CONDITION_OPERATORS:
+                    raise _Fallback()
+            if kind in _OPEN:
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise _Fallback()
+            elif kind in _CLOSE and depth:
+                depth -= 1
+        last = kind
+        while True:
+            entry = rows[state].get(kind)
+            if entry is None:  # a syntax error (or `_UNLEXABLE`)
+                raise _Fallback()
+            if type(entry) is int:
+                if kind == "$END":
+                    raise _Fallback()
+                state = entry
+                push_state(state)
+                push_value(m)
+                break
+            size, reduce, origin = entry
+            if reduce is None:  # unit rules: their value is their symbol's, only the state changes
+                below = state_stack[-2]
+                key = (below, state, kind)
+                after = units.get(key)
+                if after is None:
+                    after = units[key] = _after_units(rows, below, origin, kind)
+                state = state_stack[-1] = after
+                continue
+            if size:
+                values = value_stack[-size:]
+                del value_stack[-size:]
+                del state_stack[-size:]
+            else:
+                values = []
+            try:
+                push_value(reduce(target, values))
+            except Exception:
+                raise _Fallback() from None
+            state = rows[state_stack[-1]][origin]
+            push_state(state)
+            if state == end and kind == "$END":  # reduced up to the start rule
+                return value_stack[-1]
+    raise _Fallback()  # pragma: no cover - $END always ends in the end state or a fallback
 
 
 def parse_tree(source: Source) -> lark.Tree:

@@ -122,9 +122,11 @@ class RuleSet:
 
     @staticmethod
     def _renumbered(rules, sources, warnings, resolver) -> "RuleSet":
+        """A rule set of ``rules`` with each rule's index its position (a rule already there is kept as it is)."""
         from dataclasses import replace
 
-        return RuleSet(tuple(replace(rule, index=i) for i, rule in enumerate(rules)), sources, warnings, resolver)
+        return RuleSet(tuple(rule if rule.index == i else replace(rule, index=i) for i, rule in enumerate(rules)),
+                       sources, warnings, resolver)
 
     def __repr__(self) -> str:
         return f"<RuleSet of {len(self.rules)} rules: {', '.join(self.names[:8])}{', ...' if len(self) > 8 else ''}>"

@@ -1,0 +1,316 @@
+"""The direct path from text to AST changes nothing but the time.
+
+``fxrules.builder.build_direct`` (the parser's LALR loop making AST nodes in its
+reductions, with its own scanner) must make exactly what the reference path makes,
+``builder.build(parser.parse_tree(src), src)`` (Lark's tree, then the builder), spans
+included; and where the reference path reports a problem, the direct path must give up
+(:class:`fxrules.builder.NotDirect`) so that the front end reports it the reference way.
+Checked on the pass and fail corpora, the bundled library, the benchmark workloads,
+generated files, and the parser fuzz tests' strategies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fxrules
+from fxrules import ast as A
+from fxrules import builder, frontend, parser
+from fxrules.errors import RuleFileError
+from fxrules.source import Source, read
+from tests.test_parser_fuzz import _nest, grammar_texts, token_soup
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def listing(node: object) -> list:
+    """Everything in an AST, pre-order: node types, every field (spans too), literal types."""
+    out: list = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, A.Span):
+            out.append(("Span", tuple(item)))
+        elif dataclasses.is_dataclass(item):
+            values = [getattr(item, f.name) for f in dataclasses.fields(item)]
+            out.append((type(item).__name__, len(values)))
+            stack.extend(reversed(values))
+        elif isinstance(item, tuple):
+            out.append(("tuple", len(item)))
+            stack.extend(reversed(item))
+        else:
+            out.append((type(item).__name__, repr(item)))
+    return out
+
+
+def both_ways(text: str, path: str = "<both>") -> bool:
+    """Build ``text`` both ways and check they agree; True if it built."""
+    src = Source(path, text)
+    try:
+        reference = builder.build(parser.parse_tree(src), src)
+    except RuleFileError:
+        with pytest.raises(builder.NotDirect):
+            builder.build_direct(src)
+        return False
+    direct = builder.build_direct(src)
+    assert listing(direct) == listing(reference)
+    return True
+
+
+def _files() -> list[Path]:
+    paths = sorted((ROOT / "tests" / "corpus").rglob("*.fxr"))
+    return paths + sorted((ROOT / "fxrules" / "library").rglob("*.fxr"))
+
+
+@pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.filterwarnings("ignore:invalid escape sequence")
+def test_every_corpus_and_library_file(path: Path):
+    try:
+        src = read(path)
+    except RuleFileError:  # not text: the front end never parses it
+        return
+    built = both_ways(src.text, src.path)
+    assert built or "fail" in path.parts
+
+
+def test_the_pass_corpus_and_the_library_build_directly():
+    """No fallback where nothing is wrong: the direct path is what the front end uses."""
+    paths = [p for p in _files() if "fail" not in p.parts]
+    assert len(paths) > 10
+    for path in paths:
+        builder.build_direct(read(path))
+
+
+def test_benchmark_workloads_and_generated_files():
+    from benchmarks.run import parse_texts
+    from benchmarks.workloads import WORKLOADS
+
+    for name, workload in WORKLOADS.items():
+        assert both_ways(workload.rules_text, name)
+    assert both_ways(parse_texts(500), "generated")
+
+
+VARIETY = '''
+use torch.nn.functional as F
+default [exact]
+
+rule every_form "a description, with \\"escapes\\" \\u00e9" [approx]:
+    call_module Conv2d{kernel_size=[3, 3], stride=(1, 1), padding=(1,), bias=True}(($x), ...) as conv, \\
+    call_function F.relu(get_attr $w, get_attr _, get_attr a.b, [1, -2, 3.5, -4e3, 0x1F, "s", None, False],
+                         key=(call_method view($y, -1) | call_method reshape($y, -1) as r), other=_)
+    where not conv.training and ($x.shape[0] > 1 or ($x.ndim in [3, 4])) and -(1 + 2) * 3 // 4 % 5 - 6 / 7 <= 8
+    where conv.kernel_size[0] not in [1,] and torch.float32 != $x.dtype and is_float($x) and ((True))
+    where F.gelu(None) == False
+    -> call_module fxrules.builders.fold_conv_bn(conv, $w)($x, ...), \\
+       call_function torch.add((($x)), $y, alpha=(2))
+
+rule multi_line:
+    (call_function torch.relu(
+        $x,  # a comment
+    ) as a)
+    -> call_function torch.relu(
+        $x)
+example 2 train: call_function torch.relu(call_function torch.neg($x)) given $x: float64[2, 3] = 1.5, $b: [4,] = -2
+example: call_module ReLU{inplace=False}($x) given $x: [2]
+
+[changes] call_method add($x, $y) -> call_method sub($x, \\
+    $y)
+call_function torch.neg($x) -> $x
+'''
+
+
+def test_every_form_of_the_language():
+    """One file with every construct (names, literals, parentheses, conditions, examples, spans
+    across lines), so each reduction of the direct path is checked against the reference."""
+    assert both_ways(VARIETY)
+    assert both_ways(VARIETY.replace("\n", "\r\n"))
+    assert both_ways(VARIETY.rstrip("\n"))  # no newline at the end
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    "\n\n# only a comment\n",
+    "# a comment without a newline",
+    "$x -> $x",
+    "\\\ncall_function f($x) -> $x\n",
+    "example: call_function torch.relu($x) given $x: [2]\n",  # an example with no rule above it
+    "rule r:\n    call_function f(a=1, $x) -> $x\n",  # a positional argument after a keyword
+    "rule r:\n    call_function f(" + "9" * 5000 + ") -> $x\n",  # too many digits
+    "rule r:\n    call_function f(\"\\d\") -> $x\n",  # an invalid escape
+    "rule r:\n    call_function f($x) ->\n",  # a syntax error
+    "rule r:\n    call_function f($x) -> $x ~\n",  # a character no terminal takes
+    "example: call_function f($x) given $x: [" + "9" * 5000 + "]\n",  # a ValueError in the reference
+])
+@pytest.mark.filterwarnings("ignore:invalid escape sequence")
+def test_edge_cases(text: str):
+    src = Source("<edge>", text)
+    try:
+        reference = builder.build(parser.parse_tree(src), src)
+    except Exception as exc:  # the reference's error, whatever it is; the direct path leaves it to it
+        with pytest.raises(builder.NotDirect):
+            builder.build_direct(src)
+        if not isinstance(exc, RuleFileError):
+            with pytest.raises(type(exc)):
+                fxrules.parse_rules(text)
+        return
+    assert listing(builder.build_direct(src)) == listing(reference)
+
+
+@pytest.mark.parametrize("condition", [
+    "not " * 300 + "a",
+    " + ".join(["a"] * 300),
+    "a" + ".b" * 300,
+    _nest("({})", "a", 300),
+])
+def test_limits_are_the_reference_s(condition: str):
+    text = f"$x where {condition} -> $x\n"
+    with pytest.raises(builder.NotDirect):
+        builder.build_direct(Source("<deep>", text))
+    with pytest.raises(RuleFileError) as info:
+        fxrules.parse_rules(text)
+    assert [d.code for d in info.value.diagnostics] == ["too-deep"]
+
+
+def test_just_within_the_limits():
+    operators = " + ".join(["a"] * (parser.MAX_CONDITION_OPERATORS // 2 + 1))  # PLUS and nothing else counted
+    assert both_ways(f"$x where {operators} -> $x\n")
+    deep = _nest("call_function f({})", "$x", parser.MAX_DEPTH - 1)
+    assert both_ways(f"call_function g({deep}) -> $x\n")
+    with pytest.raises(builder.NotDirect):
+        builder.build_direct(Source("<deep>", f"call_function g(call_function h({deep})) -> $x\n"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(grammar_texts)
+@pytest.mark.filterwarnings("ignore:invalid escape sequence")
+def test_grammar_strings(text: str):
+    both_ways(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(token_soup)
+@pytest.mark.filterwarnings("ignore:invalid escape sequence")
+def test_token_soup(text: str):
+    both_ways(text)
+
+
+@settings(deadline=None)
+@given(st.text())
+@pytest.mark.filterwarnings("ignore:invalid escape sequence")
+def test_arbitrary_text(text: str):
+    both_ways(text)
+
+
+def _reference_tokens(text: str) -> tuple[list, int]:
+    """The reference lexer's alternation, token by token: (terminal, start, end)s and where it stopped."""
+    master = parser._get_parser().parser.lexer.master
+    tokens, pos = [], 0
+    while pos < len(text):
+        m = master.match(text, pos)
+        if m is None:
+            break
+        tokens.append((m.lastgroup, m.start(), m.end()))
+        pos = m.end()
+    return tokens, pos
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.text(), token_soup, grammar_texts))
+def test_the_scanner_tokenizes_as_the_lexer(text: str):
+    """Trying NAME and WS first (and `_UNLEXABLE` last) changes no token (see parser._SCAN_FIRST)."""
+    tables = parser.direct_tables(builder._reduction)
+    ours = [(m.lastgroup, m.start(), m.end()) for m in tables.scan(text)]
+    theirs, stopped = _reference_tokens(text)
+    assert ours[:len(theirs)] == theirs
+    if stopped < len(text):
+        assert ours[len(theirs)] == ("_UNLEXABLE", stopped, stopped + 1)
+
+
+def test_keywords_by_parser_state():
+    """Words that are keywords elsewhere stay names where the parser does not accept the keyword."""
+    text = ("rule where [exact]:\n    call_method where(call_function torch.where($x, $y, default=$z)) as rule\n"
+            "    where rule.default -> call_function torch.where($x, $y, $z)\n")
+    assert both_ways(text)
+
+
+def test_the_front_end_takes_the_direct_path(monkeypatch):
+    def no_tree(source):
+        raise AssertionError("the reference path was taken")
+
+    monkeypatch.setattr(frontend, "parse_tree", no_tree)
+    rules = fxrules.parse_rules("rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> $x\n")
+    assert rules.names == ["r"]
+
+
+def test_the_front_end_reports_through_the_reference_path(monkeypatch):
+    calls = []
+    real = frontend.parse_tree
+
+    def spy(source):
+        calls.append(source.path)
+        return real(source)
+
+    monkeypatch.setattr(frontend, "parse_tree", spy)
+    with pytest.raises(RuleFileError) as info:
+        fxrules.parse_rules("rule r:\n    call_function f(a=1, $x) -> $x\n", "k.fxr")
+    assert calls == ["k.fxr"]
+    assert [(d.code, d.line, d.column) for d in info.value.diagnostics] == [("unexpected-token", 2, 26)]
+
+
+def test_the_direct_path_runs_with_the_garbage_collector_paused(monkeypatch):
+    seen = []
+    real = frontend.build_direct
+
+    def spy(source):
+        seen.append(gc.isenabled())
+        return real(source)
+
+    assert gc.isenabled()
+    monkeypatch.setattr(frontend, "build_direct", spy)
+    fxrules.parse_rules("rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> $x\n", "a.fxr")
+    assert seen == [False] and gc.isenabled()
+
+
+def test_rules_are_numbered_by_the_checker_across_files(tmp_path):
+    (tmp_path / "a.fxr").write_text("rule a:\n    call_function torch.relu($x) -> $x\n"
+                                    "rule b:\n    call_function torch.neg($x) -> $x\n")
+    (tmp_path / "b.fxr").write_text("rule c:\n    call_function torch.abs($x) -> $x\n")
+    rules = fxrules.load_rules(tmp_path)
+    assert [(r.name, r.index) for r in rules] == [("a", 0), ("b", 1), ("c", 2)]
+    assert [(r.name, r.index) for r in rules.select(names=["c", "a"])] == [("a", 0), ("c", 1)]
+
+
+def test_reductions_cover_the_grammar():
+    """Every grammar rule has its reduction (or hands its child up), so a new rule in the grammar
+    fails here rather than silently sending every file down the reference path."""
+    lark_parser = parser._get_parser()
+    for rule in lark_parser.rules:
+        builder._reduction(rule)  # raises AttributeError for a tree name without its r_ method
+    names = {str(rule.alias or rule.origin.name) for rule in lark_parser.rules}
+    methods = {name[2:] for name in vars(builder._Reductions) if name.startswith("r_")}
+    assert methods - names == {"literal_condition"}
+
+
+def test_nothing_in_a_rule_file_is_evaluated(monkeypatch):
+    """Strings are the only literals read with ``ast.literal_eval``; names stay names."""
+    calls = []
+    real = builder._literal_value
+
+    def spy(literal):
+        calls.append(literal)
+        return real(literal)
+
+    monkeypatch.setattr(builder, "_literal_value", spy)
+    text = 'rule r "d":\n    call_function os.system("rm", __import__) -> $x\n'
+    rule_file = builder.build_direct(Source("<e>", text))
+    assert calls == ['"d"', '"rm"']
+    call = rule_file.rules[0].patterns[0]
+    assert call.args[1] == A.Name(A.Dotted(("__import__",)))
+    assert re.fullmatch(r"[\w.]+", call.target.text)
