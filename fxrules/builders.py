@@ -32,6 +32,8 @@ This module imports torch; only the engine imports it.
 from __future__ import annotations
 
 import copy
+import copyreg
+from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 import torch
@@ -140,16 +142,49 @@ def _bn_affine(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
 def _copy(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` except its weight and bias, which the copy shares until
     :func:`_finish` replaces them (copying tensors about to be thrown away was two thirds of a
-    fold's time). The caller's parameters are never written: the copy has its own parameter dict."""
+    fold's time). The caller's parameters are never written: the copy has its own parameter dict.
+
+    For a module copied the default way this is what ``copy.deepcopy`` does (a new instance
+    given a deep copy of its ``__getstate__()`` through ``__setstate__``), except that
+    values deepcopy would return unchanged (numbers, strings, tuples of them) are not walked and
+    empty containers (the hook dictionaries) are made new directly: a third of the time.
+    """
     memo: dict = {}
     for name in ("weight", "bias"):
         tensor = module._parameters.get(name)
         if tensor is not None:
             memo[id(tensor)] = tensor
+    cls = type(module)
     try:
-        return copy.deepcopy(module, memo)
+        if not _copies_plainly(cls):
+            return copy.deepcopy(module, memo)
+        fresh = cls.__new__(cls)
+        memo[id(module)] = fresh  # as deepcopy does: a reference to the module itself is to the copy
+        state = {}
+        for key, value in module.__getstate__().items():
+            kind = type(value)
+            if kind in _IMMUTABLE or (kind is tuple and all(type(v) in _IMMUTABLE for v in value)):
+                state[key] = value
+            elif kind in _EMPTY_CONTAINERS and not value:
+                state[key] = kind()
+            else:
+                state[key] = copy.deepcopy(value, memo)
+        fresh.__setstate__(state)
+        return fresh
     except Exception as error:  # an attribute that cannot be copied
         raise BuilderError(f"cannot fold: the {_type_name(module)} cannot be deep-copied ({error})") from error
+
+
+_IMMUTABLE = frozenset({bool, int, float, str, type(None)})
+_EMPTY_CONTAINERS = frozenset({dict, OrderedDict, set})
+
+
+def _copies_plainly(cls: type) -> bool:
+    """Whether ``copy.deepcopy`` of a ``cls`` instance is the default one: a new instance, given a
+    deep copy of ``__getstate__()`` through ``__setstate__`` (no own ``__deepcopy__`` or
+    ``__reduce_ex__``/``__reduce__``, no slots)."""
+    return (getattr(cls, "__deepcopy__", None) is None and cls.__reduce_ex__ is object.__reduce_ex__
+            and cls.__reduce__ is object.__reduce__ and not copyreg._slotnames(cls))
 
 
 def _finish(fused: nn.Module, weight: torch.Tensor, bias: torch.Tensor, requires_grad: bool) -> nn.Module:

@@ -551,3 +551,36 @@ def test_fold_conv_bn_tensors_refuses_bad_input(change, message):
     with pytest.raises(BuilderError) as info:
         builders.fold_conv_bn_tensors(**arguments)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.Conv1d(3, 4, 3), lambda: nn.Conv2d(2, 6, (3, 1), stride=2, padding="valid", bias=False),
+    lambda: nn.Conv3d(2, 2, 1, groups=2, padding_mode="reflect"), lambda: nn.ConvTranspose2d(4, 2, 3, output_padding=1, stride=2),
+    lambda: nn.Linear(5, 3), lambda: nn.Linear(5, 3, bias=False),
+])
+def test_the_fold_copy_is_a_deep_copy_but_for_the_replaced_tensors(make) -> None:
+    """``builders._copy`` makes what ``copy.deepcopy`` makes (same state, nothing shared with the
+    original) except that the weight and bias, replaced by every fold, are not copied."""
+    module = make()
+    module.extra = [1, {"a": torch.ones(2)}]  # a mutable attribute must be copied, not shared
+    object.__setattr__(module, "me", module)  # a reference to itself becomes one to the copy
+    ours, theirs = builders._copy(module), copy.deepcopy(module)
+    assert type(ours) is type(theirs) is type(module)
+    assert ours.weight is module.weight
+    assert ours._parameters is not module._parameters
+    assert ours.me is ours and theirs.me is theirs
+    assert set(vars(ours)) == set(vars(theirs))
+    for key, value in vars(theirs).items():
+        mine = vars(ours)[key]
+        assert type(mine) is type(value), key
+        if key in ("_parameters", "me"):
+            continue
+        if isinstance(value, (dict, list, set)):
+            assert mine is not vars(module)[key], key
+        assert repr(mine) == repr(value), key
+    assert ours.extra[1]["a"] is not module.extra[1]["a"]
+    x = torch.randn(2, 5) if isinstance(module, nn.Linear) else None
+    if x is not None:
+        assert torch.equal(ours(x), module(x))
+    ours.weight = nn.Parameter(torch.zeros_like(module.weight))
+    assert not torch.equal(module.weight, ours.weight)  # replacing the copy's weight leaves the original's
