@@ -445,10 +445,11 @@ class _Reductions:
         starts = self.line_starts
         line = _bisect_right(starts, start)
         line_start = starts[line - 1]
-        if line < len(starts) and end >= starts[line]:  # on a later line
+        end_line, end_line_start = line, line_start
+        if line < len(starts) and end >= starts[line]:  # it ends on a later line
             end_line = _bisect_right(starts, end)
-            return _new_tuple(A.Span, (self.path, line, start - line_start + 1, end_line, end - starts[end_line - 1] + 1))
-        return _new_tuple(A.Span, (self.path, line, start - line_start + 1, line, end - line_start + 1))
+            end_line_start = starts[end_line - 1]
+        return _new_tuple(A.Span, (self.path, line, start - line_start + 1, end_line, end - end_line_start + 1))
 
     # -- file and items -----------------------------------------------------------
     def r_start(self, ch: list) -> A.RuleFile:
