@@ -1,10 +1,12 @@
 """The front end's driver: sources to a checked RuleSet, or every diagnostic found.
 
 source -> parser -> builder -> checker, per file; then duplicate names across
-the whole set. Text becomes an AST in one pass (the parser's loop making the builder's nodes,
-:func:`fxrules.builder.build_direct`); a text it gives up on goes the reference way (a Lark
-tree, then the builder), which reports what is wrong. Syntax errors stop their own file only: the other files are
+the whole set. Syntax errors stop their own file only: the other files are
 still checked, so one run reports everything it can.
+
+Text becomes an AST in one pass (the parser's loop making the builder's nodes,
+:func:`fxrules.builder.build_direct`); a text that pass gives up on goes the reference
+way (a Lark tree, then the builder), which reports what is wrong with it.
 """
 
 from __future__ import annotations
