@@ -384,3 +384,33 @@ def test_fast_binding_is_what_signature_bind_does(sig, args, kwargs):
     assert got == expected
     if got is not None:
         assert list(got) == list(expected)
+
+
+def _tree(module: nn.Module) -> tuple:
+    return ([(name, type(m).__name__, m.training) for name, m in module.named_modules(remove_duplicate=False)],
+            [(name, id(p)) for name, p in module.named_parameters(remove_duplicate=False)],
+            [(name, id(b)) for name, b in module.named_buffers(remove_duplicate=False)],
+            sorted(module.state_dict()))
+
+
+@pytest.mark.parametrize("build", [lambda: Net(), lambda: zoo.deep_cnn(2), lambda: zoo.transformer()])
+def test_commit_builds_the_module_graphmodule_builds(build):
+    """The committed module has the tree, parameters, buffers and code ``fx.GraphModule(root, graph)``
+    gives, with the same objects; plain tensors read by get_attr become buffers in both."""
+    from fxrules.transaction import _assemble
+
+    gm = fx.symbolic_trace(seeded(build).eval())
+    gm.register_buffer("plain", torch.ones(3), persistent=False)
+    gm.const = torch.zeros(2)  # a plain tensor attribute
+    graph = copy_graph(gm.graph)
+    with graph.inserting_before(graph.output_node()):
+        graph.get_attr("const")
+        graph.get_attr("plain")
+    root = {n.target: gm.get_submodule(n.target) if n.op == "call_module" else getattr(gm, n.target)
+            if "." not in n.target else gm.get_parameter(n.target) if n.target in dict(gm.named_parameters())
+            else gm.get_buffer(n.target)
+            for n in graph.nodes if n.op in ("call_module", "get_attr")}
+    ours = _assemble(root, graph, "Built")
+    theirs = fx.GraphModule(root, copy_graph(graph), class_name="Built")
+    assert _tree(ours) == _tree(theirs)
+    assert ours.code == theirs.code and type(ours).__name__ == "Built"
