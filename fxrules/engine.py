@@ -260,9 +260,9 @@ class _Session:
         candidates = self.compiled.candidates
         module_of = self.work.module_of
 
-        def push(node: fx.Node) -> None:
+        def push(node: fx.Node, programs: tuple) -> None:
             keys = None
-            for program in candidates(node, module_of):
+            for program in programs:
                 if program.requires:
                     if keys is None:
                         keys = input_keys(node)
@@ -273,8 +273,8 @@ class _Session:
                     queued.add(key)
                     heapq.heappush(heap, (program.rule.index, node._sort_key, next(counter), node, program))
 
-        for node in self.work.graph.nodes:
-            push(node)
+        for node, programs in self.compiled.scan(self.work.graph.nodes, module_of):
+            push(node, programs)
         applied: list[Applied] = []
         rejected: dict = {}
         recent: list[str] = []
@@ -317,7 +317,7 @@ class _Session:
                     + ". A rule set must not contain rules that undo each other (A -> B with B -> A) or grow the "
                       "graph forever", names)
             for n in self._revisit(touched):
-                push(n)
+                push(n, candidates(n, module_of))
         return applied, list(rejected.values())
 
     def _revisit(self, touched: Iterable[fx.Node]) -> set:

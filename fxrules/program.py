@@ -12,7 +12,7 @@ Compiling needs torch; it happens once per rule set (cached on the RuleSet).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 from . import ast as A
 from . import signatures
@@ -495,6 +495,23 @@ class CompiledRules:
                 return ()
         return ()
 
+
+    def scan(self, nodes: Iterable, module_of) -> Iterator[tuple]:
+        """``(node, candidates)`` for each of ``nodes`` that has candidates: what calling
+        :meth:`candidates` per node gives, with the common case (a call_function or call_method
+        node whose target no rule roots on) decided inline, without a call per node."""
+        get = self.by_key.get
+        for node in nodes:
+            op = node.op
+            if op == "call_function" or op == "call_method":
+                try:
+                    found = get((op, node.target))
+                except TypeError:  # an unhashable target
+                    continue
+            else:
+                found = self.candidates(node, module_of)
+            if found:
+                yield node, found
 
     def _for_class(self, cls: type) -> tuple:
         """Programs rooted on ``cls`` or a base class of it, in rule order."""

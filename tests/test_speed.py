@@ -264,7 +264,7 @@ def _rule_texts() -> list:
 
 
 def test_the_fast_parse_loop_builds_lark_s_tree():
-    from fxrules import parser
+    from fxrules import frontend, parser
 
     lark_parser = parser._get_parser()
     texts = _rule_texts()
@@ -282,7 +282,7 @@ def test_the_fast_parse_loop_builds_lark_s_tree():
                                   "rule r:\n    call_function torch.relu($x) -> $x )\n",
                                   "rule r: ~\n", "rule\n"])
 def test_syntax_errors_still_come_from_lark(text):
-    from fxrules import parser
+    from fxrules import frontend, parser
 
     with pytest.raises(Exception):  # _Fallback, or the lexer's own error: parse_tree then asks Lark
         parser._parse_fast(parser._get_parser(), text)
@@ -294,10 +294,10 @@ def test_syntax_errors_still_come_from_lark(text):
 def test_checking_pauses_the_garbage_collector_and_restores_it():
     import gc
 
-    from fxrules import parser
+    from fxrules import frontend, parser
 
     seen = []
-    real = parser.parse_tree
+    real = frontend.build_direct
 
     def spy(source):
         seen.append(gc.isenabled())
@@ -305,7 +305,7 @@ def test_checking_pauses_the_garbage_collector_and_restores_it():
 
     assert gc.isenabled()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fxrules.frontend.parse_tree", spy)
+        mp.setattr("fxrules.frontend.build_direct", spy)
         fxrules.parse_rules("rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> $x\n", "a.fxr")
         assert seen == [False] and gc.isenabled()
         with pytest.raises(fxrules.RuleFileError):
