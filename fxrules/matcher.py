@@ -190,7 +190,7 @@ class _Matcher:
         elif pattern.op == "call_method":
             if value.target not in pattern.targets:
                 return self.fail(lambda: f"expected method {pattern.label}, found {value.target}", pattern.span)
-        elif not any(value.target is t or _safe_eq(value.target, t) for t in pattern.targets):
+        elif not _same_target(value.target, pattern.targets):
             return self.fail(lambda: f"expected {pattern.label}, found {_target(value)}", pattern.span)
         self.depth += 1
         try:
@@ -296,6 +296,14 @@ def _attribute_value(actual: Any, expected: Any) -> Any:
     return actual
 
 
+def _same_target(target: Any, targets: tuple) -> bool:
+    """Whether a call_function node's ``target`` is one of ``targets`` (identity, else equality)."""
+    for t in targets:
+        if target is t:
+            return True
+    return any(_safe_eq(target, t) for t in targets)
+
+
 def _safe_eq(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
@@ -381,7 +389,7 @@ def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], 
             elif op == "call_method":
                 if value.target in targets:
                     break
-            elif any(value.target is t or _safe_eq(value.target, t) for t in targets):
+            elif _same_target(value.target, targets):
                 break
         else:
             return False

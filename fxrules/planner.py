@@ -26,7 +26,7 @@ import torch
 from torch import fx
 
 from .matcher import Match
-from .program import RCall, RSeq, RValue
+from .program import READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RValue
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
@@ -204,36 +204,26 @@ def plan(match: Match, effects: Effects) -> "Plan | str":
 
 
 def _replacement_inputs(match: Match) -> list:
-    """Nodes the replacement reads (captures and named nodes), in first-use order."""
+    """Nodes the replacement reads (captures, named nodes, forwarded arguments), each once."""
     env = match.bindings
     found: dict = {}
-    stack = list(match.program.replacements)
-    while stack:
-        item = stack.pop()
-        if isinstance(item, RValue):
-            value = (env.captures if item.is_capture else env.names).get(item.name)
-            _collect_nodes(value, found)
-        elif isinstance(item, RSeq):
-            stack.extend(item.items)
-        elif isinstance(item, RCall):
-            if item.args is None:
-                root = match.roots[item.root_index]
-                _collect_nodes(root.args, found)
-                _collect_nodes(root.kwargs, found)
-            else:
-                stack.extend(item.args)
-                stack.extend(v for _, v in item.kwargs)
-                if item.rest and env.rest is not None:
-                    _collect_nodes(env.rest[0], found)
-                    _collect_nodes(env.rest[1], found)
-            target = item.target
-            names = getattr(target, "names", None) or ((target.name,) if hasattr(target, "name") else ())
-            for name in names:
-                value = env.names.get(name)
-                if isinstance(value, fx.Node) and value not in env.nodes:
-                    found[value] = None
-            attrs = getattr(target, "attrs", ())
-            stack.extend(v for _, v in attrs)
+    for kind, key in match.program.reads:
+        if kind == READ_CAPTURE:
+            _collect_nodes(env.captures.get(key), found)
+        elif kind == READ_NAME:
+            _collect_nodes(env.names.get(key), found)
+        elif kind == READ_ROOT_ARGUMENTS:
+            root = match.roots[key]
+            _collect_nodes(root.args, found)
+            _collect_nodes(root.kwargs, found)
+        elif kind == READ_REST:
+            if env.rest is not None:
+                _collect_nodes(env.rest[0], found)
+                _collect_nodes(env.rest[1], found)
+        else:  # READ_MODULE_NAME: a matched module re-called or handed to a builder
+            value = env.names.get(key)
+            if isinstance(value, fx.Node) and value not in env.nodes:
+                found[value] = None
     return list(found)
 
 

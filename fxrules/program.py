@@ -168,9 +168,11 @@ class Program:
     requires: tuple = ()  # PCall patterns that must each match an input node of the first root (see _requires)
     module_calls: tuple = ()  # replacement RCalls that construct a module (builder or class), in build order
     requires_keys: tuple = ()  # per `requires` pattern: frozenset of the (op, target) it matches, or None
+    reads: tuple = ()  # what the replacements read from a match (see _reads), computed once
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "requires_keys", tuple(_match_keys(p) for p in self.requires))
+        object.__setattr__(self, "reads", _reads(self.replacements))
 
     @property
     def name(self) -> str:
@@ -320,6 +322,40 @@ class _Compiler:
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
                        any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]),
                        _module_calls(replacements))
+
+
+READ_CAPTURE, READ_NAME, READ_ROOT_ARGUMENTS, READ_REST, READ_MODULE_NAME = range(5)
+
+
+def _reads(replacements: tuple) -> tuple:
+    """What the replacements read from a match, as ``(kind, key)`` pairs: a capture or an ``as``
+    name used as a value, the arguments of a root a call forwards (``key``: the root's index),
+    what ``...`` took, and the ``as`` names of matched modules a call re-calls or a builder takes.
+    The planner turns them into the nodes the replacement uses."""
+    found: dict = {}
+    stack = list(replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RValue):
+            found[(READ_CAPTURE if item.is_capture else READ_NAME, item.name)] = None
+        elif isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            if item.args is None:
+                found[(READ_ROOT_ARGUMENTS, item.root_index)] = None
+            else:
+                stack.extend(item.args)
+                stack.extend(v for _, v in item.kwargs)
+                if item.rest:
+                    found[(READ_REST, None)] = None
+            target = item.target
+            if isinstance(target, RBuilder):
+                found.update(((READ_MODULE_NAME, n), None) for n in target.names if not n.startswith("$"))
+            elif isinstance(target, RReuse):
+                found[(READ_MODULE_NAME, target.name)] = None
+            elif isinstance(target, RNewModule):
+                stack.extend(v for _, v in target.attrs)
+    return tuple(found)
 
 
 def _module_calls(replacements: tuple) -> tuple:
