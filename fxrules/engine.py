@@ -25,7 +25,7 @@ from torch import fx, nn
 
 from .conditions import Evaluator, MissingMetadata
 from .errors import FxrulesError
-from .matcher import GraphView, Match, Miss, input_keys, match_program, may_match
+from .matcher import UNHASHABLE_INPUT, GraphView, Match, Miss, input_keys, match_program, may_match
 from .parser import ensure_recursion_limit, paused_gc
 from .planner import Plan, plan
 from .program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
@@ -263,11 +263,18 @@ class _Session:
         def push(node: fx.Node, programs: tuple) -> None:
             keys = None
             for program in programs:
+                # The pre-check (may_match); a rule skipped here is re-examined if the node's inputs
+                # change: a replaced input's users are revisited. Its common form, one call pattern
+                # among the root's arguments, is a set test made here.
                 if program.requires:
                     if keys is None:
                         keys = input_keys(node)
-                    if not may_match(program, node, module_of, keys):
-                        continue  # re-examined if its inputs change: a replaced input's users are revisited
+                    prefilter = program.prefilter
+                    if prefilter is not None and UNHASHABLE_INPUT not in keys:
+                        if prefilter.isdisjoint(keys):
+                            continue
+                    elif not may_match(program, node, module_of, keys):
+                        continue
                 key = (program.rule.index, node)
                 if key not in queued:
                     queued.add(key)

@@ -361,11 +361,12 @@ def input_keys(node: fx.Node) -> set:
             try:
                 keys.add((value.op, value.target))
             except TypeError:  # an unhashable target: such inputs are compared one by one
-                keys.add(_UNHASHABLE)
+                keys.add(UNHASHABLE_INPUT)
     return keys
 
 
-_UNHASHABLE = ("call_function", object())
+UNHASHABLE_INPUT = ("call_function", object())
+"""In ``input_keys``: some input's target cannot be hashed, so set tests cannot decide."""
 
 
 def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], keys: set) -> bool:
@@ -374,7 +375,7 @@ def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], 
     ``input_keys(node)``. A cheap test that never reads more than the inputs' op, target and
     module type; True says nothing."""
     for pattern, wanted in zip(program.requires, program.requires_keys):
-        if wanted is not None and _UNHASHABLE not in keys:
+        if wanted is not None and UNHASHABLE_INPUT not in keys:
             if wanted.isdisjoint(keys):
                 return False
             continue

@@ -169,10 +169,13 @@ class Program:
     module_calls: tuple = ()  # replacement RCalls that construct a module (builder or class), in build order
     requires_keys: tuple = ()  # per `requires` pattern: frozenset of the (op, target) it matches, or None
     reads: tuple = ()  # what the replacements read from a match (see _reads), computed once
+    prefilter: Optional[frozenset] = None  # the one requires_keys set, when that is the whole pre-check
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "requires_keys", tuple(_match_keys(p) for p in self.requires))
+        keys = tuple(_match_keys(p) for p in self.requires)
+        object.__setattr__(self, "requires_keys", keys)
         object.__setattr__(self, "reads", _reads(self.replacements))
+        object.__setattr__(self, "prefilter", keys[0] if len(keys) == 1 else None)
 
     @property
     def name(self) -> str:
