@@ -17,6 +17,7 @@ import ast as _pyast
 import bisect
 import dataclasses
 import re
+import sys
 import warnings
 from typing import Callable, Optional, Union
 
@@ -116,7 +117,7 @@ class _Builder:
         inputs: tuple = ()
         for child in tree.children:
             if _is_token(child, "INT"):
-                count = _int(child)
+                count = self.integer(child)
             elif _is_token(child, "NAME"):
                 mode, mode_span = str(child), self.span(child)
             elif isinstance(child, Tree) and child.data == "example_outputs":
@@ -134,7 +135,7 @@ class _Builder:
             if _is_token(child, "NAME"):
                 dtype = str(child)
             elif isinstance(child, Tree) and child.data == "shape":
-                shape = tuple(_int(t) for t in child.children if _is_token(t, "INT"))
+                shape = tuple(self.integer(t) for t in child.children if _is_token(t, "INT"))
             elif isinstance(child, Tree):
                 fill = self.literal(child)
         return A.InputSpec(name, dtype, shape, fill, self.span(tree))
@@ -244,18 +245,20 @@ class _Builder:
     def dotted(self, tree: Tree) -> A.Dotted:
         return A.Dotted(tuple(str(t) for t in tree.children if _is_token(t, "NAME")), self.span(tree))
 
+    def integer(self, token: Token) -> int:
+        """An INT token's value; too many digits to convert is an ``unexpected-token`` diagnostic at the token."""
+        value = _int(str(token))
+        if value is None:
+            raise self.error(token, "unexpected-token", _too_many_digits(str(token)))
+        return value
+
     def literal(self, tree: Tree):
         kind = tree.data
         ch = tree.children
-        if kind in ("int", "neg_int"):
-            token = ch[-1]
-            if len(token) > MAX_INT_DIGITS and token[:2] not in ("0x", "0X"):
-                raise self.error(token, "unexpected-token",
-                                 f"an integer literal of {len(token)} digits; the limit is {MAX_INT_DIGITS}")
         if kind == "int":
-            return _int(ch[0])
+            return self.integer(ch[0])
         if kind == "neg_int":
-            return -_int(ch[1])
+            return -self.integer(ch[1])
         if kind == "float":
             return float(ch[0])
         if kind == "neg_float":
@@ -336,12 +339,36 @@ def _is_token(node: _Child, kind: str) -> bool:
 
 
 MAX_INT_DIGITS = 4000
-"""Longer integer literals are refused (Python itself refuses to convert more than 4300 digits)."""
+"""Longer decimal integer literals are refused (Python itself refuses to convert more than
+``sys.get_int_max_str_digits()``, 4300 by default; a lower limit set there is the limit).
+Hexadecimal literals have no limit: Python converts them in linear time, and the printer
+writes integers too long for :func:`str` in hexadecimal."""
 
 
-def _int(token: Token) -> int:
-    text = str(token)
-    return int(text, 16) if text[:2] in ("0x", "0X") else int(text)
+_ALWAYS_CONVERTIBLE = 640
+"""Python's int/str limit can be set no lower than this (or to 0, no limit)."""
+
+
+def _digit_limit() -> int:
+    """The most digits a decimal integer literal may have: MAX_INT_DIGITS, or Python's lower limit."""
+    python = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 0
+    return min(MAX_INT_DIGITS, python) if python else MAX_INT_DIGITS
+
+
+def _int(text: str) -> Optional[int]:
+    """The value of an INT token's text, or None if it has more decimal digits than :func:`_digit_limit`."""
+    if text[:2] in ("0x", "0X"):
+        return int(text, 16)
+    if len(text) > _ALWAYS_CONVERTIBLE and len(text) > _digit_limit():  # (most literals are short)
+        return None
+    try:
+        return int(text)
+    except ValueError:  # Python's limit, lowered since the check above (in another thread)
+        return None
+
+
+def _too_many_digits(text: str) -> str:
+    return f"an integer literal of {len(text)} digits; the limit is {_digit_limit()}"
 
 
 def build(tree: Tree, source: Source) -> A.RuleFile:
@@ -510,7 +537,7 @@ class _Reductions:
             if type(child) is not _Match:
                 lists.append(child)
             elif child.lastgroup == "INT":
-                count = _int(child.group())
+                count = self._int_literal(child)
             elif child.lastgroup == "NAME":
                 mode, mode_span = child.group(), self._token_span(child)
         outputs = lists[0]
@@ -533,7 +560,7 @@ class _Reductions:
         return A.InputSpec(ch[0].group()[1:], dtype, shape, fill, self._span(ch[0], end))
 
     def r_shape(self, ch: list) -> tuple:  # LSQB (INT (COMMA INT)* COMMA?)? RSQB
-        return tuple(_int(token.group()) for token in ch[1:-1:2]), ch[-1]
+        return tuple([self._int_literal(token) for token in ch[1:-1:2]]), ch[-1]
 
     # -- patterns and replacements ------------------------------------------------------
     def r_alt(self, ch: list) -> A.Alt:  # named (BAR named)+
@@ -633,10 +660,11 @@ class _Reductions:
 
     # -- literals: an expression's Literal (r_literal_condition makes a condition's) ------------
     def _int_literal(self, token) -> int:
-        text = token.group()
-        if len(text) > MAX_INT_DIGITS and text[:2] not in ("0x", "0X"):
+        """An INT token's value (a literal, a count, a size); the reference path reports too many digits."""
+        value = _int(token.group())
+        if value is None:
             raise NotDirect("an integer literal with too many digits")
-        return _int(text)
+        return value
 
     def _string(self, token) -> str:
         value = _literal_value(token.group())

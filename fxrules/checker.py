@@ -17,6 +17,9 @@ What it checks, per rule:
   ``nn.Module`` subclasses, attribute constraints and constructor arguments are
   parameters of the module's constructor, builders are callables; all under
   the import policy of :mod:`fxrules.names`;
+* argument lists and attribute blocks: no keyword given twice (by name);
+* examples: declared inputs, a rewrite count of at most MAX_EXAMPLE_COUNT, input
+  shapes and fills within bounds (their tensors are made only when verifying);
 * the rule as a whole: as many replacement roots as pattern roots, and a
   replacement that differs from its pattern.
 """
@@ -41,6 +44,15 @@ NEVER_CREATED = frozenset({
     "operator.attrgetter", "operator.methodcaller", "operator.call", "operator.itemgetter",
 })
 """Targets a replacement may not create: with them a rule could reach any attribute or callable at run time."""
+
+MAX_EXAMPLE_COUNT = 10_000
+"""The most rewrites an example may ask for (``example N:``): an example model is small."""
+
+MAX_EXAMPLE_DIMENSIONS, MAX_EXAMPLE_SIZE, MAX_EXAMPLE_ELEMENTS = 8, 4096, 1 << 22
+"""An example input has at most this many dimensions, this size in each, and this many elements:
+its tensor is made when the rule is verified, so a shape is bounded when the rule is checked."""
+
+_INT64 = range(-(1 << 63), 1 << 63)
 
 CAPTURE_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
 """What a condition may read from a captured value (tensor metadata)."""
@@ -156,6 +168,12 @@ class _FileChecker:
             self.error(example.mode_span, "bad-example", f"`{example.mode}` is not an example mode",
                        notes=["after the rewrite count comes `train` or `eval` (the default)"]
                        + ([f"did you mean `{close[0]}`?"] if close else []))
+        if example.count is not None and example.count > MAX_EXAMPLE_COUNT:
+            span = example.span  # the count has no span of its own: the diagnostic points at `example`
+            self.error(A.Span(span.path, span.line, span.column, span.line, span.column + len("example")),
+                       "bad-example", f"an example may ask for at most {MAX_EXAMPLE_COUNT} rewrites",
+                       notes=["`example N:` means the rule rewrites the example model exactly N times, and an "
+                              "example model is small"])
         declared: dict[str, A.InputSpec] = {}
         for spec in example.inputs:
             if spec.name in declared:
@@ -169,9 +187,13 @@ class _FileChecker:
                            notes=[f"one of: {', '.join(A.DTYPES)}"] + ([f"did you mean `{close[0]}`?"] if close else []))
             if spec.fill is not None and (isinstance(spec.fill, str) or spec.fill is None):
                 self.error(spec.span, "bad-example", "an input can only be filled with a number or a boolean")
-            if len(spec.shape) > 8 or any(d > 4096 for d in spec.shape) or _product(spec.shape) > 1 << 22:
-                self.error(spec.span, "bad-example", "example inputs are small: at most 8 dimensions, 4096 per "
-                                                     "dimension and 4M elements")
+            elif type(spec.fill) is int and spec.fill not in _INT64:
+                self.error(spec.span, "bad-example", "an input's integer fill value must fit in 64 bits")
+            # in this order: the product is computed only for a few dimensions of bounded size
+            if (len(spec.shape) > MAX_EXAMPLE_DIMENSIONS or any(d > MAX_EXAMPLE_SIZE for d in spec.shape)
+                    or _product(spec.shape) > MAX_EXAMPLE_ELEMENTS):
+                self.error(spec.span, "bad-example", f"example inputs are small: at most {MAX_EXAMPLE_DIMENSIONS} "
+                                                     f"dimensions, {MAX_EXAMPLE_SIZE} per dimension and 4M elements")
         uses: dict[str, set] = {}
         for output in example.outputs:
             if isinstance(output, (A.Literal, A.ListExpr, A.TupleExpr, A.Name)):
@@ -235,6 +257,7 @@ class _FileChecker:
                        notes=[f"write `call_module {call.target.text}{{name=value, ...}}(...)`"])
         else:
             module_class = self.module_type(call.target)
+            self.duplicate_keywords(call.attrs or (), "bad-example", "constructor argument")
             for keyword in call.attrs or ():
                 self.module_attribute(keyword, module_class, pattern=False)
                 if not _literal_value(keyword.value):
@@ -242,7 +265,7 @@ class _FileChecker:
                                "a constructor argument in an example is a literal, a constant or a list of them")
             self.constructor_arguments(call, module_class, "bad-example")
         if call.args is not None:
-            self.argument_list(call, None, pattern=False)
+            self.argument_list(call, None, "bad-example")
             for arg in call.args:
                 self.example_expr(arg, declared, uses)
             for keyword in call.kwargs:
@@ -380,33 +403,47 @@ class _FileChecker:
                            notes=["a pattern matches modules by type: `call_module Conv2d(...)`"])
             else:
                 module_class = self.module_type(call.target)
+            self.duplicate_keywords(call.attrs or (), "bad-pattern", "attribute")
             for keyword in call.attrs or ():
                 self.module_attribute(keyword, module_class, pattern=True)
                 self.attribute_value(keyword.value, scope, pattern=True)
         if call.args is not None:
-            self.argument_list(call, scope, pattern=True)
+            self.argument_list(call, scope, "bad-pattern")
             for arg in call.args:
                 if not isinstance(arg, A.Ellipsis_):
                     self.pattern(arg, scope, root=False, enclosing=enclosing)
             for keyword in call.kwargs:
                 self.pattern(keyword.value, scope, root=False, enclosing=enclosing)
 
-    def argument_list(self, call: A.Call, scope: Optional[_Scope], *, pattern: bool) -> None:
-        """``...`` at most once, and only after the positional arguments."""
+    def argument_list(self, call: A.Call, scope: Optional[_Scope], code: str) -> None:
+        """``...`` at most once, and only after the positional arguments; no keyword twice.
+
+        ``code`` says where the call is: ``bad-pattern``, ``bad-replacement`` or ``bad-example``."""
         positions = [i for i, arg in enumerate(call.args or ()) if isinstance(arg, A.Ellipsis_)]
         for i in positions[1:]:
             self.error(call.args[i].span, "ellipsis-misuse", "`...` may appear only once in an argument list")
         if len(positions) == 1 and positions[0] != len(call.args) - 1:
             self.error(call.args[positions[0]].span, "ellipsis-misuse",
                        "`...` must be the last positional argument")
-        if pattern and positions and scope is not None:
+        if code == "bad-pattern" and positions and scope is not None:
             scope.ellipses.append(call.args[positions[0]].span)
-        if len(call.kwargs) > 1:  # a keyword given twice
-            names = [k.name for k in call.kwargs]
-            for keyword in call.kwargs:
-                if names.count(keyword.name) > 1 and names.index(keyword.name) != call.kwargs.index(keyword):
-                    self.error(keyword.span, "bad-pattern" if pattern else "bad-replacement",
-                               f"keyword argument `{keyword.name}` is given twice")
+        self.duplicate_keywords(call.kwargs, code, "keyword argument")
+
+    def duplicate_keywords(self, keywords: tuple, code: str, what: str) -> None:
+        """Each keyword (argument or attribute) whose name an earlier one of ``keywords`` has.
+
+        By name only: keywords compare equal without their spans, so ``inplace=False,
+        inplace=False`` are two equal keywords, and looking one up by equality finds the first."""
+        if len(keywords) < 2:
+            return
+        first: dict[str, A.Keyword] = {}
+        for keyword in keywords:
+            earlier = first.get(keyword.name)
+            if earlier is None:
+                first[keyword.name] = keyword
+            else:
+                self.error(keyword.span, code, f"{what} `{keyword.name}` is given twice",
+                           notes=[f"first given at {earlier.span}"])
 
     def attribute_value(self, value: A.Expr, scope: _Scope, *, pattern: bool) -> None:
         if isinstance(value, (A.Call, A.GetAttr, A.Alt, A.Bind, A.Ellipsis_)):
@@ -638,12 +675,13 @@ class _FileChecker:
                            "a matched module is called as it is; it takes no constructor arguments")
         else:
             module_class = self.module_type(call.target)
+            self.duplicate_keywords(call.attrs or (), "bad-replacement", "constructor argument")
             for keyword in call.attrs or ():
                 self.module_attribute(keyword, module_class, pattern=False)
                 self.attribute_value(keyword.value, scope, pattern=False)
             self.constructor_arguments(call, module_class)
         if call.args is not None:
-            self.argument_list(call, None, pattern=False)
+            self.argument_list(call, None, "bad-replacement")
             for arg in call.args:
                 if not isinstance(arg, A.Ellipsis_):
                     self.replacement(arg, scope, root=False)

@@ -476,3 +476,173 @@ def test_deep_input_never_crashes(text):
     except RuleFileError as exc:
         assert exc.diagnostics
         assert all(d.code in CODES for d in exc.diagnostics)
+
+
+# ---------------------------------------------------------------------------
+# Integer literals: too many digits to convert is a located diagnostic, on both paths
+# ---------------------------------------------------------------------------
+
+_RELU_RELU = "call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)\n"
+_MODEL = "call_function torch.relu(call_function torch.relu($x))"
+_DIGITS = "9" * 5000
+
+
+def position(text: str, what: str, occurrence: int = 1) -> tuple[int, int]:
+    """(line, column) of the ``occurrence``-th ``what`` in ``text``."""
+    at = -1
+    for _ in range(occurrence):
+        at = text.index(what, at + 1)
+    return text.count("\n", 0, at) + 1, at - (text.rfind("\n", 0, at) + 1) + 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param(_RELU_RELU + f"example {_DIGITS}: {_MODEL} given $x: [2]\n", id="example-count"),
+        pytest.param(_RELU_RELU + f"example 2 train: {_MODEL} given $x: [2, {_DIGITS}]\n", id="shape"),
+        pytest.param(_RELU_RELU + f"example: {_MODEL} given $x: float64[{_DIGITS}]\n", id="dtype-shape"),
+        pytest.param(_RELU_RELU + f"example: {_MODEL} given $x: [2], $b: [2] = {_DIGITS}\n", id="fill"),
+        pytest.param(f"call_function torch.add($x, {_DIGITS}) -> $x\n", id="pattern"),
+        pytest.param(f"call_module Dropout{{p={_DIGITS}}}($x) -> $x\n", id="pattern-attribute"),
+        pytest.param(f"call_function torch.relu($x) where $x.ndim == {_DIGITS} -> $x\n", id="condition"),
+        pytest.param(f"call_function torch.neg($x) -> call_function torch.mul($x, -{_DIGITS})\n",
+                     id="replacement-negative"),
+        pytest.param(f"call_function torch.neg($x) -> call_function torch.mul($x, [1, ({_DIGITS},)])\n",
+                     id="replacement-nested"),
+        pytest.param(f"rule r:\n    call_function torch.relu($x) \\\n    -> call_module LeakyReLU{{negative_slope=\n"
+                     f"        {_DIGITS}}}($x)\n", id="replacement-attribute-continued"),
+    ],
+)
+def test_an_integer_with_too_many_digits_is_a_located_diagnostic(text):
+    (d,) = diagnostics_of(text)
+    assert (d.code, d.line, d.column) == ("unexpected-token", *position(text, _DIGITS))
+    assert d.message == "an integer literal of 5000 digits; the limit is 4000"
+    assert d.end_column == d.column + 5000  # the caret covers the digits
+    str(RuleFileError([d], {"t.fxr": text}))  # renders
+
+
+def test_four_thousand_digits_and_any_hexadecimal_literal_are_fine():
+    (rule,) = parse_rules(f"call_function torch.add($x, {'9' * 4000}, 0x{'f' * 6000}) -> $x\n")
+    assert rule.ast.patterns[0].args[1].value == int("9" * 4000)
+    assert rule.ast.patterns[0].args[2].value == 16 ** 6000 - 1
+
+
+def test_a_lower_python_digit_limit_is_the_limit():
+    import sys
+
+    text = _RELU_RELU + f"example {'1' * 641}: {_MODEL} given $x: [2]\n"
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        (d,) = diagnostics_of(text)
+    finally:
+        sys.set_int_max_str_digits(before)
+    assert (d.code, d.line, d.column) == ("unexpected-token", 2, 9)
+    assert d.message == "an integer literal of 641 digits; the limit is 640"
+
+
+# ---------------------------------------------------------------------------
+# Example counts, shapes and fills: bounded when the file is checked
+# ---------------------------------------------------------------------------
+
+
+def test_an_example_count_is_bounded():
+    from fxrules.checker import MAX_EXAMPLE_COUNT
+
+    assert MAX_EXAMPLE_COUNT == 10_000
+    parse_rules(_RELU_RELU + f"example {MAX_EXAMPLE_COUNT}: {_MODEL} given $x: [2]\n")
+    for count in (str(MAX_EXAMPLE_COUNT + 1), "1" + "0" * 12, "9" * 4000, "0x" + "f" * 6000):
+        text = _RELU_RELU + f"example {count} train: {_MODEL} given $x: [2]\n"
+        (d,) = diagnostics_of(text)
+        assert (d.code, d.line, d.column, d.end_column) == ("bad-example", 2, 1, 8)  # at `example`
+        assert d.message == "an example may ask for at most 10000 rewrites"
+        str(RuleFileError([d], {"t.fxr": text}))  # renders (no count in the message: it may be too long to print)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["[1" + "0" * 30 + "]", "[0x" + "f" * 6000 + "]", "[" + "9" * 4000 + ", 2]", "[4097]", "[4096, 1025]",
+     "[" + ", ".join(["1"] * 9) + "]", "[2, 2, 2, 2, 2, 2, 2, " + "9" * 4000 + "]"],
+    ids=["10**30", "hex", "4000-digits", "4097", "over-4M", "9-dimensions", "8-dimensions-huge"],
+)
+def test_an_example_shape_is_bounded_at_check_time(shape):
+    text = _RELU_RELU + f"example: {_MODEL} given $x: float32{shape}\n"
+    (d,) = diagnostics_of(text)
+    assert (d.code, d.line, d.column) == ("bad-example", *position(text, "$x:"))
+    assert "at most 8 dimensions, 4096 per dimension and 4M elements" in d.message
+
+
+def test_the_largest_example_shapes_check_clean():
+    parse_rules(_RELU_RELU + f"example: {_MODEL} given $x: [4096, 1024]\n"
+                + f"example: {_MODEL} given $x: [" + ", ".join(["2"] * 8) + "]\n")
+
+
+def test_an_integer_fill_fits_in_64_bits():
+    model = "call_function torch.relu(call_function torch.relu(get_attr $b))"
+    parse_rules(_RELU_RELU + f"example: {model} given $b: int64[2] = {2 ** 63 - 1}\n"
+                + f"example: {model} given $b: int64[2] = -{2 ** 63}\n")
+    for fill in (str(2 ** 63), f"-{2 ** 63 + 1}", "9" * 4000, "0x" + "f" * 6000):
+        text = _RELU_RELU + f"example: {model} given $b: int64[2] = {fill}\n"
+        (d,) = diagnostics_of(text)
+        assert (d.code, d.line, d.column) == ("bad-example", *position(text, "$b:"))
+        assert d.message == "an input's integer fill value must fit in 64 bits"
+
+
+# ---------------------------------------------------------------------------
+# A keyword given twice: found by name (keywords with equal values are equal keywords)
+# ---------------------------------------------------------------------------
+
+_EXAMPLE_RULE = "rule r [exact]:\n    " + _RELU_RELU
+
+
+@pytest.mark.parametrize(
+    "text, code, keyword, what",
+    [
+        pytest.param("call_function torch.nn.functional.relu($x, inplace=False, inplace=False) -> $x\n",
+                     "bad-pattern", "inplace=", "keyword argument", id="pattern-same-value"),
+        pytest.param("call_function torch.nn.functional.relu($x, inplace=False, inplace=True) -> $x\n",
+                     "bad-pattern", "inplace=", "keyword argument", id="pattern-other-value"),
+        pytest.param("call_function torch.relu(call_function torch.add($x, $y, alpha=$a, alpha=$a)) -> $x\n",
+                     "bad-pattern", "alpha=", "keyword argument", id="pattern-nested-same-capture"),
+        pytest.param("call_method add($x, $y, alpha=1, alpha=1) -> $x\n",
+                     "bad-pattern", "alpha=", "keyword argument", id="pattern-method"),
+        pytest.param("call_function torch.add($x, $y, alpha=1, alpha=1, ...) -> $x\n",
+                     "bad-pattern", "alpha=", "keyword argument", id="pattern-with-ellipsis"),
+        pytest.param("call_module Dropout{p=0.5, p=0.5}($x) -> $x\n",
+                     "bad-pattern", "p=", "attribute", id="pattern-attribute"),
+        pytest.param("call_module Dropout{p=_, p=_}($x) -> $x\n",
+                     "bad-pattern", "p=", "attribute", id="pattern-attribute-wildcard"),
+        pytest.param("call_module Dropout{p=0.5,\n    p=0.5}($x) -> $x\n",
+                     "bad-pattern", "p=", "attribute", id="pattern-attribute-next-line"),
+        pytest.param("call_function torch.relu($x) -> call_function torch.nn.functional.relu($x, inplace=False, "
+                     "inplace=False)\n", "bad-replacement", "inplace=", "keyword argument", id="replacement"),
+        pytest.param("call_module ReLU($x) -> call_module Dropout{p=0.5, p=0.5}($x)\n",
+                     "bad-replacement", "p=", "constructor argument", id="replacement-constructor"),
+        pytest.param(_EXAMPLE_RULE + "    example: call_function torch.relu(call_function torch.nn.functional.relu("
+                     "$x, inplace=False, inplace=False)) given $x: [2]\n",
+                     "bad-example", "inplace=", "keyword argument", id="example"),
+        pytest.param(_EXAMPLE_RULE + "    example: call_module ReLU(call_module ReLU{inplace=False, inplace=False}"
+                     "($x)) given $x: [2]\n", "bad-example", "inplace=", "constructor argument",
+                     id="example-constructor"),
+    ],
+)
+def test_a_keyword_given_twice_is_reported_at_the_second(text, code, keyword, what):
+    (d,) = diagnostics_of(text)
+    line, column = position(text, keyword, 2)
+    assert (d.code, d.line, d.column) == (code, line, column)
+    assert d.message == f"{what} `{keyword[:-1]}` is given twice"
+    first_line, first_column = position(text, keyword, 1)
+    assert d.notes == (f"first given at t.fxr:{first_line}:{first_column}",)
+
+
+def test_a_keyword_given_three_times_is_reported_twice():
+    text = "call_function torch.nn.functional.relu($x, inplace=False, inplace=False, inplace=False) -> $x\n"
+    assert codes(text) == [("bad-pattern", *position(text, "inplace=", 2)),
+                           ("bad-pattern", *position(text, "inplace=", 3))]
+
+
+def test_distinct_keywords_and_the_same_keyword_in_different_lists_are_fine():
+    parse_rules("call_function torch.add(call_function torch.add($x, $y, alpha=1), $z, alpha=1) -> $x\n"
+                "call_module Dropout{p=0.5}(call_module Dropout{p=0.5}($x)) -> $x\n"
+                "call_function torch.nn.functional.gelu($x, approximate=\"none\") "
+                "-> call_function torch.nn.functional.gelu($x, approximate=\"tanh\")\n")

@@ -45,8 +45,8 @@ def listing(node: object) -> list:
         elif isinstance(item, tuple):
             out.append(("tuple", len(item)))
             stack.extend(reversed(item))
-        else:
-            out.append((type(item).__name__, repr(item)))
+        else:  # (ints in hexadecimal: repr refuses those of over 4300 digits, which hex literals make)
+            out.append((type(item).__name__, hex(item) if type(item) is int else repr(item)))
     return out
 
 
@@ -146,21 +146,52 @@ def test_every_form_of_the_language():
     "rule r:\n    call_function f(\"\\d\") -> $x\n",  # an invalid escape
     "rule r:\n    call_function f($x) ->\n",  # a syntax error
     "rule r:\n    call_function f($x) -> $x ~\n",  # a character no terminal takes
-    "example: call_function f($x) given $x: [" + "9" * 5000 + "]\n",  # a ValueError in the reference
+    "example: call_function f($x) given $x: [" + "9" * 5000 + "]\n",  # too many digits in a shape
+    "$x -> $x\nexample " + "9" * 5000 + ": call_function f($x) given $x: [2]\n",  # ... in a count
+    "rule r:\n    call_function f($x) where $x.ndim == " + "9" * 5000 + " -> $x\n",  # ... in a condition
+    "rule r:\n    call_function f($x) -> call_function g($x, -" + "9" * 5000 + ")\n",  # ... negative
+    "rule r:\n    call_function f(" + "9" * 4000 + ", 0x" + "f" * 5000 + ") -> $x\n",  # just within; hex: no limit
+    "$x -> $x\nexample 0x" + "f" * 5000 + ": call_function f($x) given $x: [0x" + "f" * 5000 + "]\n",
 ])
 @pytest.mark.filterwarnings("ignore:invalid escape sequence")
 def test_edge_cases(text: str):
+    """Where the reference path fails, it is with a RuleFileError (a located diagnostic), never
+    another exception, and the direct path leaves it to the reference."""
     src = Source("<edge>", text)
     try:
         reference = builder.build(parser.parse_tree(src), src)
-    except Exception as exc:  # the reference's error, whatever it is; the direct path leaves it to it
+    except RuleFileError as exc:
+        assert all(d.path == "<edge>" and d.line >= 1 and d.column >= 1 for d in exc.diagnostics)
         with pytest.raises(builder.NotDirect):
             builder.build_direct(src)
-        if not isinstance(exc, RuleFileError):
-            with pytest.raises(type(exc)):
-                fxrules.parse_rules(text)
+        with pytest.raises(RuleFileError):
+            fxrules.parse_rules(text)
         return
     assert listing(builder.build_direct(src)) == listing(reference)
+
+
+@pytest.mark.parametrize("text", [
+    "call_function f(" + "1" * 700 + ") -> $x\n",
+    "$x -> $x\nexample " + "1" * 700 + ": call_function f($x) given $x: [2]\n",
+    "$x -> $x\nexample: call_function f($x) given $x: [" + "1" * 700 + "]\n",
+])
+def test_a_lower_python_digit_limit_is_the_limit(text: str):
+    """Python's int/str limit can be lowered (to 640 at least): both paths keep to it."""
+    import sys
+
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        src = Source("<low>", text)
+        with pytest.raises(RuleFileError) as info:
+            builder.build(parser.parse_tree(src), src)
+        (d,) = info.value.diagnostics
+        assert d.code == "unexpected-token" and "the limit is 640" in d.message
+        with pytest.raises(builder.NotDirect):
+            builder.build_direct(src)
+    finally:
+        sys.set_int_max_str_digits(before)
+    assert both_ways(text)  # within the default limit
 
 
 @pytest.mark.parametrize("condition", [
