@@ -114,6 +114,7 @@ class Workpiece:
         self.training = root.training
         self._modules: Optional[dict] = None
         self.new_modules: dict[str, nn.Module] = {}
+        self._lookup: Optional[dict] = None  # modules, then new_modules over them: what module_of reads
         self.extra_attrs: dict[str, Any] = dict(extra_attrs or {})
         self._taken: Optional[set] = None
         self._callers: Optional[dict] = None  # call_module target -> {node: None}, built on first use
@@ -165,10 +166,11 @@ class Workpiece:
         return self._modules
 
     def module_of(self, target: str) -> Any:
-        found = self.new_modules.get(target)
-        if found is not None:
-            return found
-        return self.modules.get(target)
+        """The module a call_module target names: one the rewrite made, else the input's."""
+        lookup = self._lookup
+        if lookup is None:
+            lookup = self._lookup = {**self.modules, **self.new_modules}
+        return lookup.get(target)
 
     def attr_of(self, target: str) -> Any:
         if target in self.extra_attrs:
@@ -245,6 +247,8 @@ class Workpiece:
         if not reuse:
             name = self.unique_name(name)
         self.new_modules[name] = module
+        if self._lookup is not None:
+            self._lookup[name] = module
         return name
 
     # -- commit ----------------------------------------------------------------
