@@ -175,6 +175,7 @@ class Row:
     floor_mutation: Optional[float] = None  # the rewrites' create/rewire/erase at torch.fx's unit costs
     graph_copy: Optional[float] = None
     phases: Optional[dict] = None  # fxrules' own time by phase (one instrumented run), seconds
+    peak: dict = field(default_factory=dict)  # tool -> peak bytes of Python allocations in one run
     failures: list = field(default_factory=list)
 
     @property
@@ -318,6 +319,12 @@ class Bench:
             self.last[(tool, w.name)] = (g.nodes, cell.seconds)
             self.check(tool, w, g, ref, row, cell, *last[tool])
         row.cells = {tool: row.cells[tool] for tool in ("fxrules", "replace_pattern", "inductor")}
+        if a.memory:
+            for tool in ("fxrules", "replace_pattern", "inductor"):
+                cell = row.cells[tool]
+                if tool in timers and cell.status == "ok" and cell.seconds is not None \
+                        and cell.seconds <= MEMORY_RUN_LIMIT:
+                    row.peak[tool] = peak_memory(timers[tool][0], make)
         if "floor" in self.tools:
             row.floor_scan, row.floor_recompile = cells["scan"].seconds, cells["recompile"].seconds
             key = (g.family, g.depth)
@@ -410,15 +417,17 @@ class Bench:
 
     def table(self) -> str:
         head = ("| workload | graph | nodes | fxrules ms | replace_pattern ms | inductor ms | floor ms | copy ms "
-                "| fxrules/floor | replace_pattern/fxrules | inductor/fxrules | rewrites fx/rp/ind | check |")
+                "| fxrules/floor | replace_pattern/fxrules | inductor/fxrules | peak MB fx/rp/ind | rewrites fx/rp/ind "
+                "| check |")
         lines = [head, "|" + "---|" * (head.count("|") - 1)]
         for r in self.rows:
             fx_c, rp_c, ind_c = (r.cells[t] for t in ("fxrules", "replace_pattern", "inductor"))
             rewrites = "/".join("-" if c.rewrites is None else str(c.rewrites) for c in (fx_c, rp_c, ind_c))
+            peaks = "/".join(_mb(r.peak[t]) if t in r.peak else "-" for t in ("fxrules", "replace_pattern", "inductor"))
             lines.append(
                 f"| {r.workload} | {r.family} | {r.nodes} | {fx_c.show()} | {rp_c.show()} | {ind_c.show()} "
                 f"| {_ms(r.floor)} | {_ms(r.graph_copy)} | {_ratio(fx_c.seconds, r.floor)} | {_ratio(rp_c.seconds, fx_c.seconds)} "
-                f"| {_ratio(ind_c.seconds, fx_c.seconds)} | {rewrites} | {'FAIL' if r.failures else 'ok'} |")
+                f"| {_ratio(ind_c.seconds, fx_c.seconds)} | {peaks} | {rewrites} | {'FAIL' if r.failures else 'ok'} |")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -431,6 +440,7 @@ class Bench:
                 "workload": r.workload, "family": r.family, "nodes": r.nodes,
                 "floor_scan_s": r.floor_scan, "floor_recompile_s": r.floor_recompile,
                 "floor_mutation_s": r.floor_mutation, "graph_copy_s": r.graph_copy, "fxrules_phases_s": r.phases,
+                "peak_bytes": r.peak,
                 "cells": {t: {"median_s": c.seconds, "runs": c.runs, "all_s": c.all_seconds, "status": c.status,
                               "rewrites": c.rewrites, "nodes_after": c.nodes_after, "note": c.note}
                           for t, c in r.cells.items()},
@@ -438,6 +448,27 @@ class Bench:
             } for r in self.rows],
             "failures": self.failures,
         }
+
+
+MEMORY_RUN_LIMIT = 5.0
+"""Seconds: a tool whose median run takes longer gets no memory run (tracemalloc slows runs
+several times over; replace_pattern at 20k nodes would take minutes)."""
+
+
+def peak_memory(fn: Callable[[Any], Any], make_input: Callable[[], Any]) -> int:
+    """Peak bytes of Python allocations (``tracemalloc``) during one extra, untimed run of ``fn`` on a
+    fresh input: the graph objects, code strings and modules a tool makes. Tensor storage that
+    torch allocates outside Python's allocator (folded weights) is not counted."""
+    import tracemalloc
+
+    inp = make_input()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        fn(inp)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def edit_unit_costs(gm: fx.GraphModule, count: int = 2000) -> tuple[float, float, float]:
@@ -615,6 +646,11 @@ def _commit() -> Optional[str]:
     return (head + ("+dirty" if dirty else "")) or None
 
 
+def _mb(size: int) -> str:
+    mb = size / 2**20
+    return f"{mb:.1f}" if mb < 10 else f"{mb:.0f}"
+
+
 def _ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
@@ -659,6 +695,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="tiny graphs (~300 nodes), one repeat, every workload: a correctness check")
     p.add_argument("--json", help="also write every measurement to this file")
     p.add_argument("--profile", action="store_true", help="print a cProfile of one fxrules run per cell")
+    p.add_argument("--no-memory", dest="memory", action="store_false",
+                   help="skip the extra tracemalloc run per tool and cell behind the peak MB column")
     p.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                    help="skip the extra instrumented fxrules run per cell that splits its time by phase")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; see README)")
