@@ -19,7 +19,6 @@ import itertools
 import re
 import sys
 import threading
-import types
 from importlib import resources
 from typing import Callable, Iterator, NamedTuple, Optional
 
@@ -257,20 +256,6 @@ class _Fallback(Exception):
     """The fast parse loop met something it leaves to Lark (a syntax error): parse again with Lark."""
 
 
-class _LoopState:
-    """What the lexer reads of the parser's state: the current LALR state and the parse table."""
-
-    __slots__ = ("state_stack", "parse_conf")
-
-    def __init__(self, state_stack: list, parse_conf) -> None:
-        self.state_stack = state_stack
-        self.parse_conf = parse_conf
-
-    @property
-    def position(self):
-        return self.state_stack[-1]
-
-
 def _lark_rows(parser: lark.Lark, reduction: Callable) -> tuple[dict, int, int]:
     """Lark's LALR table recoded as plain dicts: ``(rows, start state, end state)``.
 
@@ -278,7 +263,7 @@ def _lark_rows(parser: lark.Lark, reduction: Callable) -> tuple[dict, int, int]:
     reduction) or to ``(size, reduction(rule), rule name)`` (reduce by a rule of that many
     symbols). Lark's own loop looks its callbacks up by ``Rule`` objects, whose ``__hash__``
     and ``__eq__`` are Python functions: a third of its time on long files. Raises if this
-    Lark is not laid out as expected (another version): the callers then use Lark's own loop.
+    Lark is not laid out as expected (another version): the caller then uses the reference path.
     """
     from lark.parsers.lalr_analysis import Shift
 
@@ -300,69 +285,6 @@ def _lark_rows(parser: lark.Lark, reduction: Callable) -> tuple[dict, int, int]:
     return rows, table.start_states[start], table.end_states[start]
 
 
-_tables: Optional[tuple] = None
-
-
-def _loop_tables(parser: lark.Lark) -> Optional[tuple]:
-    """Lark's LALR table and tree-building callbacks for :func:`_parse_fast`, or None if this Lark is
-    not laid out as expected."""
-    global _tables
-    if _tables is not None:
-        return _tables
-    try:
-        callbacks = parser.parser.parser.parser.callbacks
-        rows, start, end = _lark_rows(parser, callbacks.__getitem__)
-        token_callbacks = {str(k): v for k, v in callbacks.items() if isinstance(k, str)}
-        # what the lexer reads: parse_conf.parse_table.states[state] (`in`, for keywords)
-        lexer_view = types.SimpleNamespace(parse_table=types.SimpleNamespace(
-            states={state: frozenset(row) for state, row in rows.items()}))
-        _tables = (rows, start, end, token_callbacks, lexer_view)
-    except Exception:  # another Lark version: use its own loop
-        return None
-    return _tables
-
-
-def _parse_fast(parser: lark.Lark, text: str) -> lark.Tree:
-    """Lark's LALR loop (``ParserState.feed_token``) over its own table and callbacks, minus its overhead.
-
-    The same lexer, the same shifts and reductions, the same callbacks: the same tree. Any
-    error raises :class:`_Fallback` (and the caller parses again with Lark, for its error).
-    """
-    tables = _loop_tables(parser)
-    if tables is None:
-        raise _Fallback()
-    rows, start, end, token_callbacks, parse_conf = tables
-    state_stack = [start]
-    value_stack: list = []
-    push_state, push_value = state_stack.append, value_stack.append
-    stream = parser.parser._make_lexer_thread(text)
-    for token in itertools.chain(stream.lex(_LoopState(state_stack, parse_conf)), _END):
-        kind = token.type
-        while True:
-            entry = rows[state_stack[-1]].get(kind)
-            if entry is None:
-                raise _Fallback()
-            if type(entry) is int:
-                if kind == "$END":
-                    raise _Fallback()
-                push_state(entry)
-                push_value(token if kind not in token_callbacks else token_callbacks[kind](token))
-                break
-            size, callback, origin = entry
-            if size:
-                children = value_stack[-size:]
-                del state_stack[-size:]
-                del value_stack[-size:]
-            else:
-                children = []
-            push_value(callback(children))
-            push_state(rows[state_stack[-1]][origin])
-            if kind == "$END" and state_stack[-1] == end:  # the end: reduced up to the start rule
-                return value_stack[-1]
-    raise _Fallback()  # pragma: no cover - $END always ends in the end state or a fallback
-
-
-_END = (lark.Token("$END", ""),)  # after the last token: reduce until the start rule is complete
 
 
 # ---------------------------------------------------------------------------
@@ -459,7 +381,7 @@ def parse_direct(text: str, tables: DirectTables, target: object) -> object:
 
     The same tokens as :class:`_Lexer` (the same alternatives, keywords by parser state, the
     same newlines dropped in brackets and after newlines) and the same shifts and reductions as
-    Lark's LALR loop. It does less per token than ``_Lexer`` feeding :func:`_parse_fast`: no
+    Lark's LALR loop. It does less per token than ``_Lexer`` feeding Lark's loop: no
     ``Token`` objects (a reduction reads the ``re.Match``), no generator between scanner and
     parser, no context kept for error messages, no call for a unit rule. Anything it does not
     handle, a syntax error or a nesting limit above all, raises :class:`_Fallback`, and so does
@@ -548,13 +470,8 @@ def parse_direct(text: str, tables: DirectTables, target: object) -> object:
 def parse_tree(source: Source) -> lark.Tree:
     """Parse one file's text, or raise RuleFileError with one syntax diagnostic."""
     text = source.text if source.text.endswith("\n") else source.text + "\n"
-    parser = _get_parser()
     try:
-        return _parse_fast(parser, text)
-    except Exception:  # a syntax error (or anything unexpected): Lark's own loop says what it is
-        pass
-    try:
-        return parser.parse(text)
+        return _get_parser().parse(text)
     except _TooDeep as exc:
         tok = exc.token
         raise RuleFileError(

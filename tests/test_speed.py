@@ -239,50 +239,8 @@ def test_folded_modules_take_the_conv_name_only_when_nothing_else_uses_it(share,
 
 
 # ---------------------------------------------------------------------------
-# The parser's own LALR loop builds the tree Lark builds
+# Syntax errors: the direct parse gives up, Lark words the diagnostic
 # ---------------------------------------------------------------------------
-
-_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
-
-
-def _tokens(tree) -> list:
-    import lark
-
-    found = []
-    stack = [tree]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, lark.Tree):
-            found.append(("tree", item.data, len(item.children)))
-            stack.extend(reversed(item.children))
-        else:
-            found.append((item.type, str(item), item.line, item.column, item.end_line, item.end_column,
-                          item.start_pos, item.end_pos))
-    return found
-
-
-def _rule_texts() -> list:
-    paths = sorted((_ROOT / "tests" / "corpus" / "pass").glob("*.fxr"))
-    paths += sorted((_ROOT / "fxrules" / "library").rglob("*.fxr"))
-    texts = [p.read_text(encoding="utf-8") for p in paths]
-    from benchmarks.workloads import WORKLOADS
-
-    texts += [w.rules_text for w in WORKLOADS.values()]
-    return texts
-
-
-def test_the_fast_parse_loop_builds_lark_s_tree():
-    from fxrules import frontend, parser
-
-    lark_parser = parser._get_parser()
-    texts = _rule_texts()
-    assert len(texts) >= 3
-    for text in texts:
-        text = text if text.endswith("\n") else text + "\n"
-        ours = parser._parse_fast(lark_parser, text)
-        theirs = lark_parser.parse(text)
-        assert ours == theirs
-        assert _tokens(ours) == _tokens(theirs)
 
 
 @pytest.mark.parametrize("text", ["rule r:\n    call_function torch.relu($x -> $x\n",
@@ -290,10 +248,11 @@ def test_the_fast_parse_loop_builds_lark_s_tree():
                                   "rule r:\n    call_function torch.relu($x) -> $x )\n",
                                   "rule r: ~\n", "rule\n"])
 def test_syntax_errors_still_come_from_lark(text):
-    from fxrules import frontend, parser
+    from fxrules import builder
+    from fxrules.source import Source
 
-    with pytest.raises(Exception):  # _Fallback, or the lexer's own error: parse_tree then asks Lark
-        parser._parse_fast(parser._get_parser(), text)
+    with pytest.raises(builder.NotDirect):  # the direct path gives up; the reference (Lark) words it
+        builder.build_direct(Source("bad.fxr", text))
     with pytest.raises(fxrules.RuleFileError) as caught:
         fxrules.parse_rules(text, "bad.fxr")
     assert "bad.fxr:" in str(caught.value)
@@ -422,3 +381,51 @@ def test_commit_builds_the_module_graphmodule_builds(build):
     theirs = fx.GraphModule(root, copy_graph(graph), class_name="Built")
     assert _tree(ours) == _tree(theirs)
     assert ours.code == theirs.code and type(ours).__name__ == "Built"
+
+
+def test_apply_pauses_the_garbage_collector_and_restores_it(monkeypatch):
+    """The copy, rewrite and commit run with the collector held; it is on again afterwards, also
+    after a failed run, and a caller who turned it off keeps it off."""
+    import gc
+
+    from fxrules import transaction
+
+    seen = []
+    real = transaction.copy_graph
+
+    def spy(graph):
+        seen.append(gc.isenabled())
+        return real(graph)
+
+    monkeypatch.setattr(engine, "copy_graph", spy)
+    gm = fx.symbolic_trace(seeded(Net).eval())
+    assert gc.isenabled()
+    fxrules.apply_rules(gm, _rules())
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(fxrules.RewriteLoopError):
+        fxrules.apply_rules(gm, _rules(), max_iterations=0)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        fxrules.apply_rules(gm, _rules())
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_commit_check_refuses_a_changed_node_that_reads_out_of_order():
+    """What replaced the whole-graph lint: a created or rewired node reading a node that comes after
+    it, or one no longer in the graph, is a ModelError naming both."""
+    from fxrules.transaction import ModelError, Workpiece
+
+    gm = fx.symbolic_trace(seeded(Net).eval())
+    work = Workpiece(copy_graph(gm.graph), gm, class_name="Net")
+    nodes = [n for n in work.graph.nodes if n.op == "call_function"]
+    early, late = nodes[0], nodes[-1]
+    early.args = (late,) + tuple(early.args[1:])
+    work.changed.add(early)
+    with pytest.raises(ModelError, match=f"%{early.name} uses %{late.name} before it is computed"):
+        work.commit()
+    ok = Workpiece(copy_graph(gm.graph), gm, class_name="Net")
+    ok.changed.update(ok.graph.nodes)
+    ok.commit()  # an untouched graph passes
