@@ -429,3 +429,39 @@ def test_the_commit_check_refuses_a_changed_node_that_reads_out_of_order():
     ok = Workpiece(copy_graph(gm.graph), gm, class_name="Net")
     ok.changed.update(ok.graph.nodes)
     ok.commit()  # an untouched graph passes
+
+
+def test_the_recompile_leaves_the_lookup_table_as_it_was(monkeypatch):
+    """The commit recompiles with a quiet view of the graph's find_nodes table (no remove/insert per
+    ``_repr_fn`` set): the code is torch's own, the real table is back in place with every node
+    under its key, and find_nodes answers as on the input."""
+    from fxrules.transaction import _QuietLookupTable
+
+    gm = fx.symbolic_trace(seeded(Net).eval())
+    result = fxrules.apply_rules(gm, _rules())
+    out = result.module
+    table = out.graph._find_nodes_lookup_table
+    assert not isinstance(table, _QuietLookupTable)
+    assert all(node in table for node in out.graph.nodes)
+    plain = fx.GraphModule(out, copy_graph(out.graph))  # torch's own recompile
+    assert out.code == plain.code
+    for op in ("placeholder", "call_module", "get_attr", "output"):
+        assert out.graph.find_nodes(op=op) == [n for n in out.graph.nodes if n.op == op]
+    assert out.graph.find_nodes(op="call_function", target=torch.relu) == \
+        [n for n in out.graph.nodes if n.op == "call_function" and n.target is torch.relu]
+    out.graph.lint()  # lint checks every node is in the table
+
+    # Membership is what the view hides, and only while the code is generated.
+    seen = []
+    real_python_code = fx.Graph.python_code
+
+    def spy(graph, *args, **kwargs):
+        seen.append(type(graph._find_nodes_lookup_table))
+        for node in graph.nodes:
+            assert node not in graph._find_nodes_lookup_table
+        assert graph.find_nodes(op="placeholder") == [n for n in graph.nodes if n.op == "placeholder"]
+        return real_python_code(graph, *args, **kwargs)
+
+    monkeypatch.setattr(fx.Graph, "python_code", spy)
+    fxrules.apply_rules(gm, _rules())
+    assert _QuietLookupTable in seen
