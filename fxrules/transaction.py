@@ -285,64 +285,49 @@ class Workpiece:
                 root[node.target] = module
             elif node.op == "get_attr":
                 root[node.target] = self.attr_of(node.target)
-        module = _assemble(root, self.graph, self.class_name)
+        module = _assemble(root, self.graph, self.class_name, self.modules)
         module.training = self.training
-        self._mirror_containers(module, root)
         if self.donor is not None:
             _carry_state(self.donor, module)
         return module
 
-    def _mirror_containers(self, module: fx.GraphModule, root: dict) -> None:
-        """The containers GraphModule made for dotted targets (``blocks.0`` in ``blocks.0.fc``) take
-        the training mode of the original's module at that path."""
-        prefixes: set = set()
-        for target in root:
-            while "." in target:
-                target = target.rsplit(".", 1)[0]
-                if target in prefixes:
-                    break
-                prefixes.add(target)
-        for name in prefixes:
-            if name in root:
-                continue
-            original = self.modules.get(name)
-            if original is not None:
-                module.get_submodule(name).training = original.training
 
-
-def _assemble(root: dict, graph: fx.Graph, class_name: str) -> fx.GraphModule:
+def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[dict] = None) -> fx.GraphModule:
     """``fx.GraphModule(root, graph, class_name=...)``, with the module tree built directly.
 
     GraphModule's constructor puts every target in place with ``getattr``/``setattr`` through
     ``nn.Module``'s attribute hooks, several per target (a fifth of a recompile at 20,000
     nodes); here each goes straight into its container's ``_modules``, ``_parameters`` or
-    ``_buffers``, as those hooks would have put it. The module is made around an empty graph
-    of the same tracer, then given ``graph``: that is the one recompile.
+    ``_buffers``, as those hooks would have put it. A container made for a dotted target
+    (``blocks.0`` in ``blocks.0.fc``) takes the training mode of the module at that path in
+    ``originals`` (the input's modules by path), where there is one; GraphModule would leave it
+    in training mode. The module is made around an empty graph of the same tracer, then given
+    ``graph``: that is the one recompile.
     """
+    originals = originals if originals is not None else {}
     empty = fx.Graph(tracer_cls=graph._tracer_cls)
     empty._tracer_extras = graph._tracer_extras
     module = fx.GraphModule({}, empty, class_name=class_name)
-    made: set = {id(module)}  # containers created here (the only modules this may write to)
+    made_at: dict = {"": module}  # path -> container created here (the only modules this may write to)
+    made = {id(module)}
+    class_has: dict = {}  # (class, name) -> whether the class has that attribute
     for target in sorted(root, key=lambda t: t.count(".")):  # containers before what is inside them
         value = root[target]
-        *path, field = target.split(".")
-        parent: nn.Module = module
-        for item in path:
-            child = parent._modules.get(item)
-            if child is None:
-                if item in parent.__dict__ or item in parent._parameters or item in parent._buffers:
-                    raise ModelError(f"cannot place `{target}`: `{item}` on its path is not a module")
-                child = nn.Module()
-                parent._modules[item] = child
-                made.add(id(child))
-            parent = child
+        path, _, field = target.rpartition(".")
+        parent = made_at.get(path)
+        if parent is None:
+            parent = _container(module, path, made_at, made, originals, target)
         if id(parent) not in made:  # inside a module the graph also uses as a whole (the input's)
             if getattr(parent, field, None) is not value:
-                raise ModelError(f"cannot place `{target}`: it would change module `{'.'.join(path)}`, which "
+                raise ModelError(f"cannot place `{target}`: it would change module `{path}`, which "
                                  f"the input model shares")
             continue
+        key = (type(parent), field)
+        has = class_has.get(key)
+        if has is None:
+            has = class_has[key] = hasattr(key[0], field)
         plain_tensor = isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
-        if field in parent.__dict__ or hasattr(type(parent), field) or not isinstance(value, (nn.Module, torch.Tensor)):
+        if has or field in parent.__dict__ or not isinstance(value, (nn.Module, torch.Tensor)):
             # a name the module class or instance already has, or not a module or tensor: exactly
             # GraphModule's way (its checks and errors included)
             if plain_tensor:
@@ -358,6 +343,27 @@ def _assemble(root: dict, graph: fx.Graph, class_name: str) -> fx.GraphModule:
     with _quiet_lookup_table(graph):
         module.graph = graph  # the one recompile
     return module
+
+
+def _container(module: nn.Module, path: str, made_at: dict, made: set, originals: dict, target: str) -> nn.Module:
+    """The module at ``path`` below ``module``, making the containers missing on the way."""
+    parent: nn.Module = module
+    walked = ""
+    for item in path.split("."):
+        walked = f"{walked}.{item}" if walked else item
+        child = parent._modules.get(item)
+        if child is None:
+            if item in parent.__dict__ or item in parent._parameters or item in parent._buffers:
+                raise ModelError(f"cannot place `{target}`: `{item}` on its path is not a module")
+            child = nn.Module()
+            original = originals.get(walked)
+            if original is not None:
+                child.training = original.training
+            parent._modules[item] = child
+            made_at[walked] = child
+            made.add(id(child))
+        parent = child
+    return parent
 
 
 class _QuietLookupTable:
