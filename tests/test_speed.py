@@ -465,3 +465,17 @@ def test_the_recompile_leaves_the_lookup_table_as_it_was(monkeypatch):
     monkeypatch.setattr(fx.Graph, "python_code", spy)
     fxrules.apply_rules(gm, _rules())
     assert _QuietLookupTable in seen
+
+
+@pytest.mark.parametrize("build", [lambda: Net(), lambda: zoo.deep_cnn(2), lambda: zoo.transformer()])
+def test_modules_by_path_is_named_modules(build):
+    from fxrules.transaction import _modules_by_path
+
+    model = seeded(build)
+    model.shared = model.get_submodule(next(n for n, m in model.named_modules() if n and not m._modules))
+    model.empty_slot = None
+    model._modules["hole"] = None
+    expected = dict(model.named_modules(remove_duplicate=False))
+    found = _modules_by_path(model)
+    assert found.keys() == expected.keys()
+    assert all(found[k] is expected[k] for k in expected)
