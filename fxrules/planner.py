@@ -38,28 +38,54 @@ _EFFECTFUL_FUNCTIONS = {builtins.print, builtins.input, builtins.setattr, builti
 class Effects:
     """Which nodes write to their inputs or have other side effects, for one run over one graph.
 
-    What a ``call_function`` target does (whether torch lists it as impure) does not depend
-    on the node, so it is looked up once per target and remembered for the run; modules are
-    asked each time (``module_of`` may change as the rewrite adds modules).
+    What a ``call_function`` target does (whether it writes its first argument, whether torch
+    lists it as impure) does not depend on the node, and neither does what a module object
+    does (``inplace``, ``_is_impure``), so each is looked up once per target or module object
+    and remembered for the run (a rewrite may put a new module under an old name, so modules
+    are remembered by object, not by name). Only the arguments are read per node.
     """
 
     def __init__(self, module_of: Callable[[str], Any]):
         self.module_of = module_of
         self._impure: dict = {}  # call_function target -> why calling it has an effect, or None
+        self._writes: dict = {}  # call_function target -> _WRITES_* kind
+        self._modules: dict = {}  # module object -> (writes its input, marked impure)
+
+    def _module_effects(self, target: str) -> tuple:
+        module = self.module_of(target)
+        if module is None:
+            return (False, False)
+        try:
+            found = self._modules.get(module)
+        except TypeError:  # an unhashable module
+            found = None
+        if found is None:
+            found = (_module_attr(module, "inplace", False) is True, bool(_module_attr(module, "_is_impure", False)))
+            try:
+                self._modules[module] = found
+            except TypeError:
+                pass
+        return found
 
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node)."""
         op = node.op
         if op == "call_function":
-            return _mutated_by_function(node)
+            target = node.target
+            try:
+                kind = self._writes.get(target)
+            except TypeError:  # an unhashable target
+                return _mutated_by_function(node, _function_writes(target))
+            if kind is None:
+                kind = self._writes[target] = _function_writes(target)
+            return _mutated_by_function(node, kind)
         if op == "call_method":
             name = node.target
             if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
                 return [node.args[0]]
             return []
         if op == "call_module":
-            module = self.module_of(node.target)
-            if getattr(module, "inplace", False) is True and node.args:
+            if node.args and self._module_effects(node.target)[0]:
                 return [node.args[0]]
         return []
 
@@ -71,7 +97,7 @@ class Effects:
         if self.mutated_inputs(node):
             return f"%{node.name} modifies its input in place"
         if op == "call_module":
-            if getattr(self.module_of(node.target), "_is_impure", False):
+            if self._module_effects(node.target)[1]:
                 return f"%{node.name} calls a module marked impure"
             return None
         if op == "call_function":
@@ -94,22 +120,66 @@ class Effects:
 _UNKNOWN = object()
 
 
-def _mutated_by_function(node: fx.Node) -> list:
-    target = node.target
+def _module_attr(module: Any, name: str, default: Any) -> Any:
+    """``getattr(module, name, default)`` for an ``nn.Module``, without the cost of a miss.
+
+    Most modules have neither ``inplace`` nor ``_is_impure``, and a miss goes through
+    ``nn.Module.__getattr__``, which formats an AttributeError message that ``getattr``
+    then discards (microseconds per module). This looks where that lookup would: the
+    instance, the class, then parameters, buffers and submodules; a class with its own
+    ``__getattr__`` gets plain ``getattr``.
+    """
+    cls = type(module)
+    if not isinstance(module, torch.nn.Module) or cls.__getattr__ is not torch.nn.Module.__getattr__ \
+            or hasattr(cls, "__getattribute__") and cls.__getattribute__ is not object.__getattribute__:
+        return getattr(module, name, default)
+    found = getattr(cls, name, _UNKNOWN)
+    if found is not _UNKNOWN and hasattr(found, "__get__"):  # a property or other descriptor
+        return getattr(module, name, default)
+    own = module.__dict__
+    value = own.get(name, _UNKNOWN)
+    if value is not _UNKNOWN:
+        return value
+    if found is not _UNKNOWN:
+        return found
+    for store in ("_parameters", "_buffers", "_modules"):
+        items = own.get(store)
+        if items and name in items:
+            return items[name]
+    return default
+
+_WRITES_SCHEMA, _WRITES_FIRST, _WRITES_BY_KEYWORDS = "schema", "first", "keywords"
+"""How a call_function target writes its inputs: as its schema says (an OpOverload), always its
+first argument (``operator.iadd``, ``torch.relu_``), or only when called with ``inplace=True``
+or ``out=``."""
+
+
+def _function_writes(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
+        return _WRITES_SCHEMA
+    try:
+        if target in _INPLACE_OPERATORS:
+            return _WRITES_FIRST
+    except TypeError:  # an unhashable target
+        pass
+    name = getattr(target, "__name__", "")
+    if isinstance(name, str) and name.endswith("_") and not name.endswith("__"):
+        return _WRITES_FIRST
+    return _WRITES_BY_KEYWORDS
+
+
+def _mutated_by_function(node: fx.Node, kind: str) -> list:
+    if kind == _WRITES_SCHEMA:
         written = []
-        for i, argument in enumerate(target._schema.arguments):
+        for i, argument in enumerate(node.target._schema.arguments):
             info = argument.alias_info
             if info is not None and info.is_write:
                 value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
                 if isinstance(value, fx.Node):
                     written.append(value)
         return written
-    if target in _INPLACE_OPERATORS:
+    if kind == _WRITES_FIRST:
         return [node.args[0]] if node.args else []
-    name = getattr(target, "__name__", "")
-    if name.endswith("_") and not name.endswith("__") and node.args:
-        return [node.args[0]]
     kwargs = node.kwargs
     if kwargs:
         if kwargs.get("inplace") is True and node.args:

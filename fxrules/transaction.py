@@ -608,7 +608,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
             touched.add(value)
     matched_names = tuple(n.name for n in match.roots) + tuple(
         n.name for n in match.bindings.nodes if n not in match.roots)
-    erased_inputs = _erase_dead(work, list(match.bindings.nodes) + list(match.bindings.attrs))
+    erased_inputs = _erase_dead(work, list(match.bindings.nodes) + list(match.bindings.attrs), match.bindings.nodes)
     touched.update(erased_inputs)
     work.changed.update(touched)
     for node in list(touched):
@@ -619,8 +619,11 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     return Applied(rule.name, rule.source, matched_names, tuple(n.name for n in builder.created), replaced_by), touched
 
 
-def _erase_dead(work: Workpiece, candidates: list) -> set:
-    """Erase matched nodes left without users, then pure inputs the rewrite left without users."""
+def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
+    """Erase matched nodes left without users, then pure inputs the rewrite left without users.
+
+    ``checked``: nodes already known to have no side effect (the planner refuses a match with an
+    effectful node), so they are not asked again."""
     graph = work.graph
     stack = sorted(set(candidates))  # pop() takes the latest node first: users before producers
     survivors: set = set()
@@ -638,7 +641,7 @@ def _erase_dead(work: Workpiece, candidates: list) -> set:
         work.erased(node)
         for inp in inputs:
             if not inp.users and inp.op not in ("placeholder", "output") \
-                    and work.effects.side_effect(inp) is None:
+                    and (inp in checked or work.effects.side_effect(inp) is None):
                 stack.append(inp)
             else:
                 survivors.add(inp)

@@ -479,3 +479,39 @@ def test_modules_by_path_is_named_modules(build):
     found = _modules_by_path(model)
     assert found.keys() == expected.keys()
     assert all(found[k] is expected[k] for k in expected)
+
+
+class _PropertyInplace(nn.Module):
+    @property
+    def inplace(self):
+        return True
+
+
+class _GetattrInplace(nn.Module):
+    def __getattr__(self, name):
+        if name == "inplace":
+            return True
+        return super().__getattr__(name)
+
+
+class _ImpureClass(nn.Module):
+    _is_impure = True
+
+
+def _impure_buffer() -> nn.Module:
+    module = nn.Module()
+    module.register_buffer("_is_impure", torch.ones(1))
+    return module
+
+
+@pytest.mark.parametrize("build", [lambda: nn.ReLU(inplace=True), nn.ReLU, lambda: nn.Linear(2, 2),
+                                   lambda: nn.Dropout(inplace=True), _PropertyInplace, _GetattrInplace,
+                                   _ImpureClass, _impure_buffer, lambda: zoo.deep_cnn(1)])
+@pytest.mark.parametrize("name", ["inplace", "_is_impure", "training", "weight", "missing"])
+def test_module_attribute_lookup_is_getattr(build, name):
+    """The planner reads `inplace` and `_is_impure` of every module it checks without going through a
+    failing nn.Module.__getattr__; it must answer what getattr answers."""
+    from fxrules.planner import _module_attr
+
+    module = build()
+    assert _module_attr(module, name, False) is getattr(module, name, False)
