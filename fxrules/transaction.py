@@ -15,6 +15,7 @@ as ``torch.fx.symbolic_trace`` shares them with the traced model.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import re
@@ -69,7 +70,14 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
     env: dict = {}
     get = env.__getitem__
     names = namespace._obj_to_name
-    insert, add = new._insert, table.insert
+    # The graph's own methods without their Python wrappers where torch 2.x has the parts:
+    # ``Node.prepend`` calls ``_prepend``; the lookup table's ``insert`` files a node under
+    # ``(op, target if op == "call_function" else None)`` in a defaultdict.
+    insert = getattr(new._root, "_prepend", None) if new._insert == new._root.prepend else None
+    insert = insert or new._insert
+    store = getattr(table, "table", None)
+    filed = isinstance(store, collections.defaultdict) and store.default_factory is dict \
+        and _TABLE_METHODS is not None and (type(table).insert, type(table)._key) == _TABLE_METHODS
     map_arg, make = fx.node.map_arg, fx.Node
     for node in graph.nodes:  # the output node too: it keeps its name
         args, kwargs = node.args, node.kwargs
@@ -82,7 +90,11 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
             copied.meta = copy.copy(meta)
         names[copied] = node.name
         insert(copied)
-        add(copied)
+        if filed:
+            op = node.op
+            store[(op, node.target if op == "call_function" else None)][copied] = None
+        else:
+            table.insert(copied)
         env[node] = copied
     new._len += len(env)
     namespace._used_names.update(source._used_names)
@@ -90,6 +102,11 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
     new._codegen = copy.deepcopy(graph._codegen)
     return new
 
+
+_TABLE = getattr(torch.fx.graph, "_FindNodesLookupTable", None)
+_TABLE_METHODS = (_TABLE.insert, _TABLE._key) if hasattr(_TABLE, "insert") and hasattr(_TABLE, "_key") else None
+"""torch.fx's own lookup-table insert and key (``copy_graph`` inlines them only when a graph's table
+uses exactly these)."""
 
 _NAMESPACE_STATE = (("_obj_to_name", dict), ("_used_names", set), ("_base_count", dict))
 """The parts of torch.fx's ``_Namespace`` that ``copy_graph`` carries over (torch 2.x)."""
