@@ -79,6 +79,11 @@ def test_copy_graph_is_what_deepcopy_makes(build):
         assert a._sort_key == b._sort_key
     assert len(ours.nodes) == len(theirs.nodes)
     ours.lint()
+    for op in ("placeholder", "call_method", "call_module", "get_attr", "output"):
+        assert [n.name for n in ours.find_nodes(op=op)] == [n.name for n in theirs.find_nodes(op=op)]
+    for target in {n.target for n in gm.graph.nodes if n.op == "call_function"}:
+        assert [n.name for n in ours.find_nodes(op="call_function", target=target)] == \
+            [n.name for n in theirs.find_nodes(op="call_function", target=target)]
     # nodes created later get the same names in both copies
     for graph in (ours, theirs):
         with graph.inserting_before(graph.output_node()):
