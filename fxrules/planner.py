@@ -50,6 +50,7 @@ class Effects:
         self._impure: dict = {}  # call_function target -> why calling it has an effect, or None
         self._writes: dict = {}  # call_function target -> _WRITES_* kind
         self._modules: dict = {}  # module object -> (writes its input, marked impure)
+        self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
 
     def _module_effects(self, target: str) -> tuple:
         module = self.module_of(target)
@@ -60,7 +61,9 @@ class Effects:
         except TypeError:  # an unhashable module
             found = None
         if found is None:
-            found = (_module_attr(module, "inplace", False) is True, bool(_module_attr(module, "_is_impure", False)))
+            classes = self._classes
+            found = (_module_attr(module, "inplace", False, classes) is True,
+                     bool(_module_attr(module, "_is_impure", False, classes)))
             try:
                 self._modules[module] = found
             except TypeError:
@@ -120,33 +123,52 @@ class Effects:
 _UNKNOWN = object()
 
 
-def _module_attr(module: Any, name: str, default: Any) -> Any:
+def _module_attr(module: Any, name: str, default: Any, classes: Optional[dict] = None) -> Any:
     """``getattr(module, name, default)`` for an ``nn.Module``, without the cost of a miss.
 
     Most modules have neither ``inplace`` nor ``_is_impure``, and a miss goes through
     ``nn.Module.__getattr__``, which formats an AttributeError message that ``getattr``
     then discards (microseconds per module). This looks where that lookup would: the
     instance, the class, then parameters, buffers and submodules; a class with its own
-    ``__getattr__`` gets plain ``getattr``.
+    ``__getattr__``/``__getattribute__`` or a descriptor under that name gets plain ``getattr``.
+    What the class says is remembered in ``classes`` (``(class, name) -> answer``) when given.
     """
     cls = type(module)
-    if not isinstance(module, torch.nn.Module) or cls.__getattr__ is not torch.nn.Module.__getattr__ \
-            or hasattr(cls, "__getattribute__") and cls.__getattribute__ is not object.__getattribute__:
-        return getattr(module, name, default)
-    found = getattr(cls, name, _UNKNOWN)
-    if found is not _UNKNOWN and hasattr(found, "__get__"):  # a property or other descriptor
+    key = (cls, name)
+    known = classes.get(key, _UNKNOWN) if classes is not None else _UNKNOWN
+    if known is _UNKNOWN:
+        known = _class_attr(cls, name)
+        if classes is not None:
+            classes[key] = known
+    if known is _NOT_PLAIN:
         return getattr(module, name, default)
     own = module.__dict__
     value = own.get(name, _UNKNOWN)
     if value is not _UNKNOWN:
         return value
-    if found is not _UNKNOWN:
-        return found
+    if known is not _ABSENT:
+        return known
     for store in ("_parameters", "_buffers", "_modules"):
         items = own.get(store)
         if items and name in items:
             return items[name]
     return default
+
+
+_NOT_PLAIN, _ABSENT = object(), object()
+
+
+def _class_attr(cls: type, name: str) -> Any:
+    """The plain value ``cls`` gives ``name`` (``_ABSENT`` if none), or ``_NOT_PLAIN`` when only
+    ``getattr`` can say (not an nn.Module, its own attribute hooks, a descriptor)."""
+    if not issubclass(cls, torch.nn.Module) or cls.__getattr__ is not torch.nn.Module.__getattr__ \
+            or cls.__getattribute__ is not object.__getattribute__:
+        return _NOT_PLAIN
+    found = getattr(cls, name, _ABSENT)
+    if found is not _ABSENT and hasattr(type(found), "__get__"):  # a property, method or other descriptor
+        return _NOT_PLAIN
+    return found
+
 
 _WRITES_SCHEMA, _WRITES_FIRST, _WRITES_BY_KEYWORDS = "schema", "first", "keywords"
 """How a call_function target writes its inputs: as its schema says (an OpOverload), always its

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import fx, nn
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from .errors import FxrulesError
 from .matcher import Match
@@ -474,6 +475,8 @@ class _Builder:
         self.meta_source: fx.Node = match.roots[0]
         self.reused_names: set[str] = set()
         self.premade: dict = {}  # id(RCall) -> (module, reference module, base name)
+        self.origin: Optional[tuple] = None  # (rule name, rule file:line) for the new nodes' meta
+        self.kept: list[fx.Node] = []  # matched nodes the replacement uses as they are (matched_equal)
 
     def make_modules(self) -> Optional[str]:
         """Construct every module the replacement needs, before the graph is touched.
@@ -530,14 +533,15 @@ class _Builder:
         return value
 
     def value(self, item: Any) -> Any:
-        if isinstance(item, RValue):
+        kind = type(item)  # the R* classes are final (frozen, slotted)
+        if kind is RValue:
             return (self.env.captures if item.is_capture else self.env.names)[item.name]
-        if isinstance(item, RLiteral):
-            return item.value
-        if isinstance(item, RSeq):
-            return item.kind(self.value(i) for i in item.items)
-        if isinstance(item, RCall):
+        if kind is RCall:
             return self.call(item)
+        if kind is RLiteral:
+            return item.value
+        if kind is RSeq:
+            return item.kind([self.value(i) for i in item.items])
         raise AssertionError(item)  # pragma: no cover
 
     def call(self, item: RCall) -> fx.Node:
@@ -546,19 +550,46 @@ class _Builder:
         if item.args is None:
             args, kwargs = tuple(root.args), dict(root.kwargs)
         else:
-            args = tuple(self.value(a) for a in item.args)
-            kwargs = {name: self.value(v) for name, v in item.kwargs}
+            value = self.value
+            args = tuple([value(a) for a in item.args])
+            kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
             if item.rest and self.env.rest is not None:
                 args = args + tuple(self.env.rest[0])
                 kwargs.update(self.env.rest[1])
         # Not Graph.call_module: it looks the new name up in the graph's owning module (set for
         # graphs from torch.export), where new modules are not yet (they join at commit).
         target = self.module_target(item, root) if item.op == "call_module" else item.target
+        if item.op != "call_module" or type(item.target) is RReuse:
+            kept = self.matched_equal(item.op, target, args, kwargs)
+            if kept is not None:  # it now stands for the rule's result: it carries what a new node would
+                self.inherit_meta(kept, root)
+                self.kept.append(kept)
+                return kept
         node = self.work.new_node(item.op, target, args, kwargs)
         self.work.created(node)
         self.inherit_meta(node, root)
         self.created.append(node)
         return node
+
+    def matched_equal(self, op: str, target: Any, args: tuple, kwargs: dict) -> Optional[fx.Node]:
+        """A matched node, not a root, that computes exactly this call (same op, target and
+        arguments): the replacement keeps it rather than build a copy of it (``relu(relu($x)) ->
+        relu($x)`` keeps the inner relu; ``F.gelu(l($x))`` keeps both nodes it matched). The node
+        is pure (the planner refuses matches with effects), every user it has is in the match
+        (or the planner refuses it), and it already sits before the insertion point, with its
+        own name; reading its inputs where it always did, it also cannot move a read across a
+        mutation. It takes the metadata a new node would take (:meth:`inherit_meta`). Roots are never kept: a rule whose replacement
+        equals its root rewrites forever, and is reported so. Modules the replacement makes
+        are never matched nodes' modules."""
+        roots = self.match.roots
+        for node in self.env.nodes:
+            if node.op != op or node in roots:
+                continue
+            if not (node.target is target or (type(target) is str and node.target == target)):
+                continue
+            if _identical(node.args, args) and _identical(node.kwargs, kwargs):
+                return node
+        return None
 
     def module_target(self, item: RCall, root: fx.Node) -> str:
         spec = item.target
@@ -596,11 +627,15 @@ class _Builder:
         return value
 
     def inherit_meta(self, node: fx.Node, root: fx.Node) -> None:
-        for key in _INHERITED_META:
-            if key in root.meta:
-                node.meta[key] = root.meta[key]
-        rule = self.match.rule
-        node.meta["fxrules"] = {"rule": rule.name, "source": rule.source}
+        source, meta = root.meta, node.meta
+        if source:
+            for key in _INHERITED_META:
+                if key in source:
+                    meta[key] = source[key]
+        if self.origin is None:
+            rule = self.match.rule
+            self.origin = (rule.name, rule.source)
+        meta["fxrules"] = {"rule": self.origin[0], "source": self.origin[1]}
 
 
 def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | str":
@@ -616,6 +651,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
         for node in builder.created:
             _propagate_value(work, node)
     touched: set = set(builder.created)
+    touched.update(builder.kept)
     for root, value in zip(match.roots, new_values):
         if isinstance(value, fx.Node) and value is not root:
             if work.has_values and "val" not in value.meta and "val" in root.meta:
@@ -664,6 +700,32 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
                 survivors.add(inp)
     # revisit what lost users: patterns rooted there may match now
     return {n for n in survivors if not getattr(n, "_erased", False)}
+
+
+_SAME_KIND = {immutable_list: list, immutable_dict: dict}
+"""Argument containers a new node stores as another type (a list as torch's immutable_list, a dict
+as immutable_dict): equal kinds for :func:`_identical`."""
+
+
+def _identical(a: Any, b: Any) -> bool:
+    """Whether two node arguments are the same: the same nodes, and constants of the same type
+    that are equal (floats: written the same, so ``-0.0`` is not ``0.0``) in containers of the
+    same kind."""
+    if isinstance(a, fx.Node) or isinstance(b, fx.Node):
+        return a is b
+    kind = _SAME_KIND.get(type(a), type(a))
+    if kind is not _SAME_KIND.get(type(b), type(b)):
+        return False
+    if kind is tuple or kind is list:
+        return len(a) == len(b) and all(_identical(x, y) for x, y in zip(a, b))
+    if kind is dict:
+        return list(a) == list(b) and all(_identical(a[k], b[k]) for k in a)
+    if kind is float or kind is complex:
+        return repr(a) == repr(b)
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:

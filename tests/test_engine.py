@@ -1259,3 +1259,102 @@ def test_a_builder_that_declines_rejects_the_match_and_the_run_goes_on():
     [rejection] = result.report.rejected
     assert rejection.rule == "fold_any" and "declined" in rejection.reason and "training" in rejection.reason
     assert isinstance(result.module.bn, nn.BatchNorm2d)
+
+
+# ---------------------------------------------------------------------------
+# matched nodes the replacement would build again are kept
+# ---------------------------------------------------------------------------
+
+
+def test_replacement_keeps_a_matched_node_it_would_rebuild():
+    """`relu(relu($x)) -> relu($x)`: the inner relu is kept (its name and place), the outer one
+    removed; the kept node carries what a new node would."""
+    rules = fxrules.parse_rules(
+        "rule twice: call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)",
+        source="keep.fxr")
+
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.relu(torch.relu(x)) + 1
+
+    gm = fx.symbolic_trace(M())
+    for node in gm.graph.nodes:
+        node.meta["stack_trace"] = f"trace of {node.name}"
+    result = fxrules.apply_rules(gm, rules)
+    [applied] = result.report.applied
+    assert applied.created == () and applied.replaced_by == ("relu",)
+    assert [n.name for n in op_nodes(result.module)] == ["relu", "add"]
+    relu = result.module.graph.find_nodes(op="call_function", target=torch.relu)[0]
+    assert relu.meta["stack_trace"] == "trace of relu_1"  # the replaced node's, as a new node's
+    assert relu.meta["fxrules"] == {"rule": "twice", "source": "keep.fxr:1"}
+    assert [n.name for n in op_nodes(gm)] == ["relu", "relu_1", "add"]  # the input is untouched
+    assert gm.graph.find_nodes(op="call_function", target=torch.relu)[0].meta["stack_trace"] == "trace of relu"
+    assert_same_outputs(gm, result, randn(4, 5), exact=True)
+
+
+def test_replacement_keeps_a_chain_of_matched_nodes():
+    """`Dropout(gelu(Linear($x) as l)) -> gelu(l($x))` keeps the linear and gelu nodes and removes
+    only the dropout, as a hand-written pass would."""
+    rules = fxrules.parse_rules(
+        "rule chain: call_module Dropout(call_function torch.nn.functional.gelu(call_module Linear($x) as l)) as d "
+        "where not d.training -> call_function torch.nn.functional.gelu(call_module l($x))", source="keep.fxr")
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop = nn.Linear(3, 3), nn.Dropout()
+
+        def forward(self, x):
+            return self.drop(F.gelu(self.fc(x))) * 2
+
+    model = seeded(M).eval()
+    result = fxrules.apply_rules(model, rules)
+    [applied] = result.report.applied
+    assert applied.created == ()
+    assert [(n.op, n.name) for n in op_nodes(result.module)] == \
+        [("call_module", "fc"), ("call_function", "gelu"), ("call_function", "mul")]
+    assert_same_outputs(model, result, randn(2, 3), exact=True)
+
+
+@pytest.mark.parametrize("replacement, kept", [
+    ("call_function torch.add($x, 1)", True),
+    ("call_function torch.add($x, 1.0)", False),   # another type: a new node
+    ("call_function torch.add($x, True)", False),
+    ("call_function torch.add($x, 2)", False),
+    ("call_function torch.add($x, other=1)", False),  # written as a keyword: another call
+])
+def test_only_an_identical_call_keeps_a_matched_node(replacement, kept):
+    rules = fxrules.parse_rules(
+        f"rule r: call_function torch.neg(call_function torch.add($x, 1)) -> call_function torch.abs({replacement})",
+        source="keep.fxr")
+
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.neg(torch.add(x, 1))
+
+    gm = fx.symbolic_trace(M())
+    result = fxrules.apply_rules(gm, rules)
+    [applied] = result.report.applied
+    [add] = [n for n in op_nodes(result.module) if n.target is torch.add]
+    assert (add.name == "add") == kept
+    assert len(applied.created) == (1 if kept else 2)
+    assert len(op_nodes(result.module)) == 2
+
+
+def test_identical_arguments():
+    from torch.fx.immutable_collections import immutable_dict, immutable_list
+
+    from fxrules.transaction import _identical
+
+    graph = fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    assert _identical((a, [1, 2]), (a, immutable_list([1, 2])))
+    assert _identical({"k": a}, immutable_dict({"k": a}))
+    assert not _identical((a,), (b,))
+    assert not _identical((a, [1, 2]), (a, (1, 2)))  # a list is not a tuple in the generated code
+    assert not _identical((1,), (True,)) and not _identical((1,), (1.0,))
+    assert not _identical((0.0,), (-0.0,))
+    assert _identical((float("nan"),), (float("nan"),))  # written the same: the same call
+    assert _identical((float("inf"), None, "s", torch.float32), (float("inf"), None, "s", torch.float32))
+    assert not _identical({"a": 1, "b": 2}, {"b": 2, "a": 1})  # keyword order is code order
+    assert not _identical((torch.ones(2),), (torch.ones(2),))  # tensors: never taken as equal

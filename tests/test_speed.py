@@ -519,4 +519,8 @@ def test_module_attribute_lookup_is_getattr(build, name):
     from fxrules.planner import _module_attr
 
     module = build()
-    assert _module_attr(module, name, False) is getattr(module, name, False)
+    classes: dict = {}
+    for _ in range(2):  # the second time from what was remembered of the class
+        assert _module_attr(module, name, False) is getattr(module, name, False)
+        assert _module_attr(module, name, False, classes) is getattr(module, name, False)
+    assert (type(module), name) in classes
