@@ -39,36 +39,24 @@ class Effects:
     """Which nodes write to their inputs or have other side effects, for one run over one graph.
 
     What a ``call_function`` target does (whether it writes its first argument, whether torch
-    lists it as impure) does not depend on the node, and neither does what a module object
-    does (``inplace``, ``_is_impure``), so each is looked up once per target or module object
-    and remembered for the run (a rewrite may put a new module under an old name, so modules
-    are remembered by object, not by name). Only the arguments are read per node.
+    lists it as impure) does not depend on the node, so it is looked up once per target and
+    remembered for the run. Modules are read per node (a rewrite may put a new module under an
+    old name), what their class says about ``inplace``/``_is_impure`` once per class.
     """
 
     def __init__(self, module_of: Callable[[str], Any]):
         self.module_of = module_of
         self._impure: dict = {}  # call_function target -> why calling it has an effect, or None
         self._writes: dict = {}  # call_function target -> _WRITES_* kind
-        self._modules: dict = {}  # module object -> (writes its input, marked impure)
         self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
 
     def _module_effects(self, target: str) -> tuple:
+        """(writes its input, marked impure) for the module ``target`` names now."""
         module = self.module_of(target)
         if module is None:
             return (False, False)
-        try:
-            found = self._modules.get(module)
-        except TypeError:  # an unhashable module
-            found = None
-        if found is None:
-            classes = self._classes
-            found = (_module_attr(module, "inplace", False, classes) is True,
-                     bool(_module_attr(module, "_is_impure", False, classes)))
-            try:
-                self._modules[module] = found
-            except TypeError:
-                pass
-        return found
+        return (_module_attr(module, "inplace", False, self._classes) is True,
+                bool(_module_attr(module, "_is_impure", False, self._classes)))
 
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node)."""

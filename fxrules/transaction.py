@@ -344,15 +344,14 @@ def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[
     empty._tracer_extras = graph._tracer_extras
     module = fx.GraphModule({}, empty, class_name=class_name)
     made_at: dict = {"": module}  # path -> container created here (the only modules this may write to)
-    made = {id(module)}
     class_has: dict = {}  # (class, name) -> whether the class has that attribute
     for target in sorted(root, key=lambda t: t.count(".")):  # containers before what is inside them
         value = root[target]
         path, _, field = target.rpartition(".")
         parent = made_at.get(path)
         if parent is None:
-            parent = _container(module, path, made_at, made, originals, target)
-        if id(parent) not in made:  # inside a module the graph also uses as a whole (the input's)
+            parent = _container(module, path, made_at, originals, target)
+        if made_at.get(path) is not parent:  # inside a module the graph also uses as a whole (the input's)
             if getattr(parent, field, None) is not value:
                 raise ModelError(f"cannot place `{target}`: it would change module `{path}`, which "
                                  f"the input model shares")
@@ -380,8 +379,9 @@ def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[
     return module
 
 
-def _container(module: nn.Module, path: str, made_at: dict, made: set, originals: dict, target: str) -> nn.Module:
-    """The module at ``path`` below ``module``, making the containers missing on the way."""
+def _container(module: nn.Module, path: str, made_at: dict, originals: dict, target: str) -> nn.Module:
+    """The module at ``path`` below ``module``, making the containers missing on the way (and
+    recording them in ``made_at``)."""
     parent: nn.Module = module
     walked = ""
     for item in path.split("."):
@@ -396,7 +396,6 @@ def _container(module: nn.Module, path: str, made_at: dict, made: set, originals
                 child.training = original.training
             parent._modules[item] = child
             made_at[walked] = child
-            made.add(id(child))
         parent = child
     return parent
 
