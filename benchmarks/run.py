@@ -173,6 +173,8 @@ class Row:
     floor_scan: Optional[float] = None
     floor_recompile: Optional[float] = None
     floor_mutation: Optional[float] = None  # the rewrites' create/rewire/erase at torch.fx's unit costs
+    floor_build: Optional[float] = None  # building the modules the rewrites need (Workload.builds)
+    builds: Optional[int] = None  # how many
     graph_copy: Optional[float] = None
     phases: Optional[dict] = None  # fxrules' own time by phase (one instrumented run), seconds
     peak: dict = field(default_factory=dict)  # tool -> peak bytes of Python allocations in one run
@@ -182,14 +184,14 @@ class Row:
     def floor(self) -> Optional[float]:
         if self.floor_scan is None or self.floor_recompile is None:
             return None
-        return self.floor_scan + (self.floor_mutation or 0.0) + self.floor_recompile
+        return self.work_floor + self.floor_recompile
 
     @property
     def work_floor(self) -> Optional[float]:
-        """The floor without its recompile: scan plus the edits."""
+        """The floor without its recompile: scan, the edits, and building modules."""
         if self.floor_scan is None:
             return None
-        return self.floor_scan + (self.floor_mutation or 0.0)
+        return self.floor_scan + (self.floor_mutation or 0.0) + (self.floor_build or 0.0)
 
 
 class Bench:
@@ -287,6 +289,10 @@ class Bench:
 
             timers["scan"] = (scan, same, None)
             timers["recompile"] = (lambda gm: gm.recompile(), same, None)
+            if w.builds is not None:
+                builder, calls = w.builds(g.gm)
+                row.builds = len(calls)
+                timers["build"] = (lambda calls: [builder(*args) for args in calls], lambda: calls, None)
         cells = {name: Cell() for name in timers}
         last: dict = {}
         active = list(timers)
@@ -327,6 +333,7 @@ class Bench:
                     row.peak[tool] = peak_memory(timers[tool][0], make)
         if "floor" in self.tools:
             row.floor_scan, row.floor_recompile = cells["scan"].seconds, cells["recompile"].seconds
+            row.floor_build = cells["build"].seconds if "build" in cells else None
             key = (g.family, g.depth)
             if key not in self.graph_copy:  # informative, and the same for every workload on this graph
                 self.graph_copy[key] = measure(lambda gm: copy_graph(gm.graph), same, self.repeat(g.nodes),
@@ -391,6 +398,8 @@ class Bench:
         counts = {t: c.rewrites for t, c in done.items()}
         if len(set(counts.values())) > 1:
             row.failures.append(f"rewrite counts differ: {counts}")
+        if row.builds is not None and fx_cell is not None and fx_cell.rewrites != row.builds:
+            row.failures.append(f"the floor builds {row.builds} modules, fxrules rewrote {fx_cell.rewrites} matches")
         after = {t: c.nodes_after for t, c in done.items()}
         if len(set(after.values())) > 1:
             row.failures.append(f"node counts after rewriting differ: {after}")
@@ -439,7 +448,8 @@ class Bench:
             "rows": [{
                 "workload": r.workload, "family": r.family, "nodes": r.nodes,
                 "floor_scan_s": r.floor_scan, "floor_recompile_s": r.floor_recompile,
-                "floor_mutation_s": r.floor_mutation, "graph_copy_s": r.graph_copy, "fxrules_phases_s": r.phases,
+                "floor_mutation_s": r.floor_mutation, "floor_build_s": r.floor_build, "builds": r.builds,
+                "graph_copy_s": r.graph_copy, "fxrules_phases_s": r.phases,
                 "peak_bytes": r.peak,
                 "cells": {t: {"median_s": c.seconds, "runs": c.runs, "all_s": c.all_seconds, "status": c.status,
                               "rewrites": c.rewrites, "nodes_after": c.nodes_after, "note": c.note}

@@ -49,6 +49,10 @@ class Workload:
     inductor: Optional[Callable[[], Runner]]
     inductor_note: str = ""
     rule_count: int = 1
+    builds: Optional[Callable[[fx.GraphModule], tuple[Callable, list]]] = None
+    """For rules that build modules: ``builds(gm)`` gives the builder and the argument tuples of
+    every module a rewrite of ``gm`` builds (found outside the timing). Calling the builder on
+    each is work any engine must do to produce the result, so the floor includes it."""
     _rules: object = field(default=None, repr=False)
 
     @property
@@ -328,6 +332,18 @@ def _conv_bn_pairs(gm) -> list[tuple[str, str]]:
     return pairs
 
 
+def _conv_bn_builds(gm: fx.GraphModule) -> tuple[Callable, list]:
+    """fold_conv_bn and its (conv, bn) module pairs: every batch norm node fed by a conv node."""
+    modules = dict(gm.named_modules())
+    pairs = []
+    for node in gm.graph.nodes:
+        if node.op == "call_module" and type(modules[node.target]) is nn.BatchNorm2d:
+            conv = node.args[0]
+            if isinstance(conv, fx.Node) and conv.op == "call_module" and type(modules[conv.target]) is nn.Conv2d:
+                pairs.append((modules[conv.target], modules[node.target]))
+    return fold_conv_bn, pairs
+
+
 def _conv_bn_rp() -> Runner:
     def run(gm):
         count = 0
@@ -559,7 +575,7 @@ _add(Workload("linear_gelu_dropout", "mlp",
 _add(Workload("dropout", "transformer", "module type: remove eval-mode Dropout (3 per block)",
               DROPOUT_RULE, True, _dropout_rp, _dropout_inductor))
 _add(Workload("conv_bn", "cnn", "conv+bn folding with fxrules.builders.fold_conv_bn (2 per block)",
-              CONV_BN_RULE, False, _conv_bn_rp, _conv_bn_inductor))
+              CONV_BN_RULE, False, _conv_bn_rp, _conv_bn_inductor, builds=_conv_bn_builds))
 for _n in (10, 50, 500):
     _add(Workload(f"rules{_n}", "transformer",
                   f"{_n} rules: dropout removal + double transpose, and {_n - 2} generated rules that never match",

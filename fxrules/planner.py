@@ -85,12 +85,13 @@ class Effects:
         op = node.op
         if op in ("placeholder", "output"):
             return f"%{node.name} is a graph {op}"
+        if op == "call_module":  # mutated_inputs's question and this one's, from one lookup
+            writes, impure = self._module_effects(node.target)
+            if writes and node.args:
+                return f"%{node.name} modifies its input in place"
+            return f"%{node.name} calls a module marked impure" if impure else None
         if self.mutated_inputs(node):
             return f"%{node.name} modifies its input in place"
-        if op == "call_module":
-            if self._module_effects(node.target)[1]:
-                return f"%{node.name} calls a module marked impure"
-            return None
         if op == "call_function":
             target = node.target
             try:

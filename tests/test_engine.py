@@ -418,6 +418,49 @@ def test_new_module_copies_training_mode(examples, training):
     assert result.module.training is training
 
 
+class _Wrapped(nn.Module):
+    """A module with a submodule, called as one (a leaf for the tracer below)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class _LeafTracer(fx.Tracer):
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, _Wrapped) or super().is_leaf_module(m, qualname)
+
+
+@pytest.mark.parametrize("replaced", ["leaf", "with_submodules"])
+def test_new_module_takes_the_dtype_and_mode_of_the_module_it_replaces(replaced):
+    """A constructed module is made in torch's default dtype; it takes the replaced module's
+    (float64 here) whether that module holds its tensors itself or in submodules."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.BatchNorm1d(4) if replaced == "leaf" else _Wrapped()
+
+        def forward(self, x):
+            return self.norm(x) + 1
+
+    model = M().double().eval()
+    source = "BatchNorm1d" if replaced == "leaf" else f"{__name__}._Wrapped"
+    rules = fxrules.parse_rules(
+        f"rule swap [changes]:\n    call_module {source}($x) -> call_module torch.nn.LayerNorm{{normalized_shape=4}}($x)\n",
+        "<swap>", allow_imports=[__name__])
+    gm = fx.GraphModule(model, _LeafTracer().trace(model))
+    result = fxrules.apply_rules(gm, rules)
+    [call] = [n for n in result.module.graph.nodes if n.op == "call_module"]
+    new = result.module.get_submodule(call.target)
+    assert type(new) is nn.LayerNorm and not new.training
+    assert {p.dtype for p in new.parameters()} == {torch.float64}
+    x = randn(3, 4, dtype=torch.float64)
+    assert_close(result.module(x), F.layer_norm(x, (4,)) + 1)
+
+
 def test_fresh_module_name_is_readable(examples):
     """A shared ReLU module: its first call site cannot take the name `act` (the other still calls it),
     so the new LeakyReLU gets a fresh name, which should read like a Python attribute name
