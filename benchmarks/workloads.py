@@ -333,15 +333,8 @@ def _conv_bn_pairs(gm) -> list[tuple[str, str]]:
 
 
 def _conv_bn_builds(gm: fx.GraphModule) -> tuple[Callable, list]:
-    """fold_conv_bn and its (conv, bn) module pairs: every batch norm node fed by a conv node."""
-    modules = dict(gm.named_modules())
-    pairs = []
-    for node in gm.graph.nodes:
-        if node.op == "call_module" and type(modules[node.target]) is nn.BatchNorm2d:
-            conv = node.args[0]
-            if isinstance(conv, fx.Node) and conv.op == "call_module" and type(modules[conv.target]) is nn.Conv2d:
-                pairs.append((modules[conv.target], modules[node.target]))
-    return fold_conv_bn, pairs
+    """fold_conv_bn and the (conv, bn) module pairs it folds (the pairs replace_pattern's user finds)."""
+    return fold_conv_bn, [(gm.get_submodule(conv), gm.get_submodule(bn)) for conv, bn in _conv_bn_pairs(gm)]
 
 
 def _conv_bn_rp() -> Runner:
