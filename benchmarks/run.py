@@ -34,7 +34,7 @@ as ``timeout``). A peer whose time at the previous size, scaled quadratically, p
 more than the timeout is not attempted either and is shown as ``timeout*``
 (replace_pattern per submodule name is quadratic by construction: one call per module,
 each scanning and recompiling the whole graph). ``copy ms`` is
-``fxrules.transaction.copy_graph`` of the input graph (what ``copy.deepcopy`` of the graph
+``fxrules.engine.transaction.copy_graph`` of the input graph (what ``copy.deepcopy`` of the graph
 makes, faster), which apply_rules does first (it never edits its input; the peers edit in
 place). ``--parse`` times ``fxrules.parse_rules`` on generated files of that many rules. Every tool's result is checked: its outputs on a random input equal the
 original model's (bit for bit for [exact] workloads, within 1e-4 relative for conv+bn
@@ -64,8 +64,8 @@ import torch
 from torch import fx
 
 import fxrules
-from fxrules.program import compile_rules
-from fxrules.transaction import copy_graph
+from fxrules.engine.program import compile_rules
+from fxrules.engine.transaction import copy_graph
 
 from . import graphs
 from .workloads import WORKLOADS, Workload
@@ -514,8 +514,8 @@ def breakdown(w: Workload, g: graphs.Graph) -> dict:
     """fxrules' time by phase, from one instrumented run (not one of the timed ones): copying the
     input, matching (incl. conditions and the pre-check scan), planning, editing the graph, the
     commit's checks and GraphModule assembly, and its one recompile."""
-    from fxrules import engine
-    from fxrules import transaction
+    import fxrules.engine.driver as engine
+    import fxrules.engine.transaction as transaction
 
     spent: dict = {}
 

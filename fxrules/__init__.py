@@ -7,9 +7,9 @@ Importing fxrules does not import torch: the front end (``load_rules``,
 
 from pathlib import Path as _Path
 
-from .api import apply_rules, explain, find_matches, load_rules, parse_rules
-from .errors import Diagnostic, FxrulesError, RuleFileError
-from .rules import CheckedRule, RuleSet
+from fxrules.api import apply_rules, explain, find_matches, load_rules, parse_rules
+from fxrules.errors import Diagnostic, FxrulesError, RuleFileError
+from fxrules.lang.ruleset import CheckedRule, RuleSet
 
 __version__ = "0.1.0"
 
@@ -19,17 +19,17 @@ __version__ = "0.1.0"
 LIBRARY = _Path(__file__).resolve().parent / "library"
 
 _LAZY = {
-    "RewriteError": ("fxrules.engine", "RewriteError"),
-    "RewriteLoopError": ("fxrules.engine", "RewriteLoopError"),
-    "ModelError": ("fxrules.transaction", "ModelError"),
-    "RewriteResult": ("fxrules.report", "RewriteResult"),
-    "Report": ("fxrules.report", "Report"),
+    "RewriteError": ("fxrules.engine.errors", "RewriteError"),
+    "RewriteLoopError": ("fxrules.engine.errors", "RewriteLoopError"),
+    "ModelError": ("fxrules.engine.errors", "ModelError"),
+    "RewriteResult": ("fxrules.engine.report", "RewriteResult"),
+    "Report": ("fxrules.engine.report", "Report"),
     "builders": ("fxrules.builders", None),
-    "load_saved": ("fxrules.saving", "load_saved"),
+    "load_saved": ("fxrules.tools.saving", "load_saved"),
     "RulePass": ("fxrules.integration", "RulePass"),
     "compile_backend": ("fxrules.integration", "compile_backend"),
-    "verify": ("fxrules.verification", "verify"),
-    "VerifyReport": ("fxrules.verification", "VerifyReport"),
+    "verify": ("fxrules.verifier.driver", "verify"),
+    "VerifyReport": ("fxrules.verifier.driver", "VerifyReport"),
 }
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import os
 from typing import Iterable, Union
 
-from .errors import ERROR, RuleFileError
-from .frontend import analyze, load_sources, read_sources
-from .names import Resolver
-from .rules import RuleSet
-from .source import Source
+from fxrules.lang.load import as_rule_set, load_paths, load_sources
+from fxrules.lang.names import Resolver
+from fxrules.lang.ruleset import RuleSet
+from fxrules.lang.source import Source
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -29,13 +28,7 @@ def load_rules(*paths: PathLike, allow_imports: Iterable[str] = ()) -> RuleSet:
         raise TypeError("load_rules() needs at least one path")
     if len(paths) == 1 and isinstance(paths[0], (list, tuple)):
         paths = tuple(paths[0])
-    sources, diagnostics = read_sources(paths)
-    resolver = Resolver(allow_imports)
-    rule_set, found = analyze(sources, resolver)
-    errors = diagnostics + [d for d in found if d.severity == ERROR]
-    if errors:  # every file is checked, even when another one could not be read
-        raise RuleFileError(errors, {s.path: s.text for s in sources})
-    return rule_set
+    return load_paths(paths, Resolver(allow_imports))
 
 
 def parse_rules(text: str, source: str = "<string>", *, allow_imports: Iterable[str] = ()) -> RuleSet:
@@ -45,19 +38,9 @@ def parse_rules(text: str, source: str = "<string>", *, allow_imports: Iterable[
     return load_sources([Source(source, text)], Resolver(allow_imports))
 
 
-def _rule_set(rules, allow_imports: Iterable[str]) -> RuleSet:
-    if isinstance(rules, RuleSet):
-        return rules
-    if isinstance(rules, (str, os.PathLike)):
-        return load_rules(rules, allow_imports=allow_imports)
-    if isinstance(rules, (list, tuple)) and all(isinstance(r, (str, os.PathLike)) for r in rules):
-        return load_rules(*rules, allow_imports=allow_imports)
-    raise TypeError(f"rules must be a RuleSet or rule file path(s), not {type(rules).__name__}")
-
-
 def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, tracer=None, concrete_args=None,
                 allow_imports: Iterable[str] = ()):
-    """Rewrite ``model`` with ``rules`` to a fixpoint; returns a :class:`fxrules.report.RewriteResult`.
+    """Rewrite ``model`` with ``rules`` to a fixpoint; returns a :class:`fxrules.engine.report.RewriteResult`.
 
     ``model``: an ``nn.Module`` (traced with ``torch.fx``; pass ``tracer`` or ``concrete_args`` to
     control tracing), a ``torch.fx.GraphModule``, or a ``torch.export.ExportedProgram`` (its
@@ -69,18 +52,18 @@ def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, trace
     The input is never modified; on any error (RewriteError, RewriteLoopError, ModelError)
     it is exactly as it was.
     """
-    from .engine import run_apply
+    from fxrules.engine.driver import run_apply
 
-    return run_apply(model, _rule_set(rules, allow_imports), example_inputs=example_inputs,
+    return run_apply(model, as_rule_set(rules, allow_imports), example_inputs=example_inputs,
                      max_iterations=max_iterations, tracer=tracer, concrete_args=concrete_args)
 
 
 def find_matches(model, rules, *, example_inputs=None, tracer=None, concrete_args=None,
                  allow_imports: Iterable[str] = ()):
     """Every match of every rule in ``model``, without rewriting (one pass, graph order)."""
-    from .engine import run_find
+    from fxrules.engine.driver import run_find
 
-    return run_find(model, _rule_set(rules, allow_imports), example_inputs=example_inputs, tracer=tracer,
+    return run_find(model, as_rule_set(rules, allow_imports), example_inputs=example_inputs, tracer=tracer,
                     concrete_args=concrete_args)
 
 
@@ -88,10 +71,10 @@ def explain(model, rules, *, rule=None, example_inputs=None, tracer=None, concre
             allow_imports: Iterable[str] = ()):
     """Near misses: nodes where a rule's root target matched but the rule did not apply, and why.
 
-    Each :class:`fxrules.report.NearMiss` names the rule, the rule file:line:col of the pattern
+    Each :class:`fxrules.engine.report.NearMiss` names the rule, the rule file:line:col of the pattern
     part (or condition) that failed, the node, the reason, and the node's stack trace.
     """
-    from .engine import run_explain
+    from fxrules.engine.driver import run_explain
 
-    return run_explain(model, _rule_set(rules, allow_imports), rule=rule, example_inputs=example_inputs,
+    return run_explain(model, as_rule_set(rules, allow_imports), rule=rule, example_inputs=example_inputs,
                        tracer=tracer, concrete_args=concrete_args)

@@ -41,17 +41,11 @@ from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
-from .errors import FxrulesError
+
+
+from fxrules.engine.errors import BuilderError
 
 __all__ = ["BUILDERS", "BuilderError", "fold_conv_bn", "fold_conv_bn_tensors", "fold_linear_bn"]
-
-
-class BuilderError(FxrulesError, ValueError):
-    """A builder was given modules it cannot turn into an exact replacement.
-
-    It is a :class:`ValueError` (the arguments are the problem) and an
-    :class:`~fxrules.errors.FxrulesError` (fxrules raised it on purpose).
-    """
 
 
 # Spatial dimensionality of each supported conv and batch-norm class. Subclasses

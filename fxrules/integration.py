@@ -27,13 +27,13 @@ import threading
 import warnings
 from typing import Any, Callable, Iterable, Optional, Union
 
-import torch
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from .api import _rule_set, apply_rules
-from .report import Report
-from .rules import RuleSet
+from fxrules.api import apply_rules
+from fxrules.lang.load import as_rule_set
+from fxrules.engine.report import Report
+from fxrules.lang.ruleset import RuleSet
 
 __all__ = ["RulePass", "RuleBackend", "compile_backend"]
 
@@ -64,7 +64,7 @@ class RulePass(PassBase):
     def __init__(self, rules: Union[RuleSet, str, Any], *, example_inputs: Optional[tuple] = None,
                  max_iterations: Optional[int] = None, allow_imports: Iterable[str] = ()):
         super().__init__()
-        self.rules: RuleSet = _rule_set(rules, allow_imports)
+        self.rules: RuleSet = as_rule_set(rules, allow_imports)
         self.example_inputs = tuple(example_inputs) if example_inputs is not None else None
         self.max_iterations = max_iterations
         self.reports: list[Report] = []
@@ -213,4 +213,4 @@ def compile_backend(rules: Union[RuleSet, str, Any], then: Union[str, Callable] 
         compiled(x)
         print(backend.counts)
     """
-    return RuleBackend(_rule_set(rules, allow_imports), then, max_iterations=max_iterations, on_error=on_error)
+    return RuleBackend(as_rule_set(rules, allow_imports), then, max_iterations=max_iterations, on_error=on_error)

@@ -1,76 +1,9 @@
-"""Functions that ``where`` conditions may call by bare name.
+"""The predicates ``where`` conditions may call by bare name (``is_zero(bias)``), as Python functions.
 
-The tables are plain dicts written out here (no registration side effects).
-Importing this module does not import torch; the predicates import it when
-called. A predicate receives evaluated condition values: tensors for
-``get_attr`` captures (the parameter or buffer itself), :class:`TensorInfo`
--like metadata for captured nodes, or Python values for literals.
+Re-exported from :mod:`fxrules.engine.predicates`, where the engine calls them. Importing this
+module does not import torch; each predicate imports it when called.
 """
 
-from __future__ import annotations
+from fxrules.engine.predicates import PREDICATES, is_constant, is_floating, is_one, is_scalar, is_zero
 
-import builtins
-from typing import Any, Callable
-
-
-def _tensor(value: Any):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (int, float, bool)):
-        return torch.tensor(value)
-    return None
-
-
-def is_zero(value: Any) -> bool:
-    """True when ``value`` is a constant (parameter, buffer or number) whose every element is 0."""
-    t = _tensor(value)
-    return t is not None and t.numel() > 0 and not t.is_meta and bool((t == 0).all())
-
-
-def is_one(value: Any) -> bool:
-    """True when ``value`` is a constant whose every element is 1."""
-    t = _tensor(value)
-    return t is not None and t.numel() > 0 and not t.is_meta and bool((t == 1).all())
-
-
-def is_constant(value: Any) -> bool:
-    """True for a parameter, buffer or literal: a value known before the model runs."""
-    return _tensor(value) is not None
-
-
-def is_scalar(value: Any) -> bool:
-    """True for a Python number or a tensor with one element."""
-    if isinstance(value, (int, float, bool)):
-        return True
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return False
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n == 1
-
-
-def is_floating(value: Any) -> bool:
-    """True when the value's dtype is a floating-point dtype."""
-    dtype = getattr(value, "dtype", None)
-    return bool(getattr(dtype, "is_floating_point", False))
-
-
-PREDICATES: dict[str, Callable[..., Any]] = {
-    "is_zero": is_zero,
-    "is_one": is_one,
-    "is_constant": is_constant,
-    "is_scalar": is_scalar,
-    "is_floating": is_floating,
-}
-
-PREDICATE_NAMES = frozenset(PREDICATES)
-
-CONDITION_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    name: getattr(builtins, name)
-    for name in ("len", "abs", "min", "max", "all", "any", "int", "float", "bool", "round", "tuple", "sum")
-}
-"""Pure builtins conditions may call, e.g. ``len($x.shape) == 2``."""
+__all__ = ["PREDICATES", "is_constant", "is_floating", "is_one", "is_scalar", "is_zero"]

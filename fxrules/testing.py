@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .api import load_rules
-from .rules import RuleSet
+from fxrules.api import load_rules
+from fxrules.lang.ruleset import RuleSet
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def rule_cases(*paths: Any, allow_imports: Iterable[str] = ()) -> list:
 
 def assert_rule_verified(case: RuleCase, **options: Any) -> None:
     """Verify one rule (options as for :func:`fxrules.verify`); raise AssertionError unless validated."""
-    from .verification import verify
+    from fxrules.verifier.driver import verify
 
     options.setdefault("database", "default")
     report = verify(case.rule_set, names=[case.name], **options)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import fxrules
 from fxrules import RuleFileError, RuleSet, load_rules, parse_rules
 from fxrules.errors import CODES, Diagnostic
 
@@ -70,7 +69,7 @@ def test_issue_diagnostic_rendering():
 
 
 def test_issue_diagnostic_through_the_cli(tmp_path, capsys, monkeypatch):
-    from fxrules.cli import main
+    from fxrules.tools.cli import main
 
     (tmp_path / "rules" / "cleanup").mkdir(parents=True)
     (tmp_path / "rules" / "cleanup" / "dropout.fxr").write_text(ISSUE_TEXT)
@@ -340,7 +339,7 @@ def test_errors_are_in_file_order():
 
 def test_warnings_do_not_raise(monkeypatch, capsys, tmp_path):
     """No check emits a warning yet; one injected into the checker's output must not be fatal."""
-    import fxrules.frontend as frontend
+    import fxrules.lang.load as frontend
 
     real_check_file = frontend.check_file
 
@@ -359,7 +358,7 @@ def test_warnings_do_not_raise(monkeypatch, capsys, tmp_path):
         parse_rules("rule r:\n    call_module Dropout($x) -> $y\n", "w.fxr")
     assert [d.severity for d in info.value.diagnostics] == ["error"]
 
-    from fxrules.cli import main
+    from fxrules.tools.cli import main
 
     path = _write(tmp_path / "w.fxr", "rule r:\n    " + DROPOUT)
     assert main(["check", os.fspath(path)]) == 0
@@ -547,7 +546,7 @@ def test_a_lower_python_digit_limit_is_the_limit():
 
 
 def test_an_example_count_is_bounded():
-    from fxrules.checker import MAX_EXAMPLE_COUNT
+    from fxrules.lang.checker import MAX_EXAMPLE_COUNT
 
     assert MAX_EXAMPLE_COUNT == 10_000
     parse_rules(_RELU_RELU + f"example {MAX_EXAMPLE_COUNT}: {_MODEL} given $x: [2]\n")

@@ -4,7 +4,7 @@ Exit codes: 0 clean, 1 problems in the rule files, 2 usage errors (bad options, 
 missing path). Output formats: text (compiler style), json (a versioned schema),
 github (workflow annotations). No input may ever produce a traceback.
 
-Most tests call ``fxrules.cli.main`` in process (fast). Tests that need a fresh
+Most tests call ``fxrules.tools.cli.main`` in process (fast). Tests that need a fresh
 interpreter (``python -m fxrules``, torch unavailable, junk input end to end) run
 subprocesses, started together by module fixtures because each one that imports
 torch costs seconds.
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import fxrules
-from fxrules.cli import main
+from fxrules.tools.cli import main
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -243,7 +243,7 @@ def test_github_format_escapes_properties(tmp_path, capsys):
 
 _NO_TORCH = (
     "import sys; sys.modules['torch'] = None\n"
-    "from fxrules.cli import main\n"
+    "from fxrules.tools.cli import main\n"
     "code = main(sys.argv[1:])\n"
     "assert sys.modules.get('torch') is None, 'torch got imported'\n"
     "sys.exit(code)\n"
@@ -274,7 +274,7 @@ def _junk_files(directory: Path) -> dict[str, Path]:
 
 _JUNK_RUNNER = (
     "import contextlib, io, json, sys\n"
-    "from fxrules.cli import main\n"
+    "from fxrules.tools.cli import main\n"
     "results = {}\n"
     "for path in sys.argv[1:]:\n"
     "    out, err = io.StringIO(), io.StringIO()\n"
@@ -301,7 +301,7 @@ def runs(tmp_path_factory):
         "module_json": ["-m", "fxrules", "check", "--format", "json", os.fspath(tmp / "unbound.fxr")],
         "module_usage": ["-m", "fxrules", "check", "--no-such-option"],
         "module_missing": ["-m", "fxrules", "check", os.fspath(tmp / "missing.fxr")],
-        "import_only": ["-c", "import sys, fxrules, fxrules.cli, fxrules.api, fxrules.checker, fxrules.names; "
+        "import_only": ["-c", "import sys, fxrules, fxrules.tools.cli, fxrules.api, fxrules.lang.checker, fxrules.lang.names; "
                               "print('torch' in sys.modules)"],
         "no_torch_clean": ["-c", _NO_TORCH, "check", os.fspath(EXAMPLES)],
         "no_torch_syntax": ["-c", _NO_TORCH, "check", os.fspath(tmp / "syntax.fxr")],
@@ -467,7 +467,7 @@ def test_two_thousand_rules(capsys):
 
 def test_allow_imports_come_from_the_nearest_pyproject(tmp_path, monkeypatch):
     """[tool.fxrules] allow-imports in pyproject.toml works like --allow-import."""
-    from fxrules.cli import main
+    from fxrules.tools.cli import main
 
     rule = tmp_path / "r.fxr"
     rule.write_text("rule r: call_function json.dumps($x) -> $x\n", encoding="utf-8")

@@ -9,7 +9,7 @@ Each interpreter that imports torch costs seconds of CPU. So: the failures found
 torch is needed are ``python -m fxrules`` subprocesses, all started together (full
 ``python -m fxrules apply`` runs are in test_progress.py, on a terminal); every other
 case runs in ONE fresh interpreter (``DRIVER``) that calls
-``fxrules.cli.main`` (what ``python -m fxrules`` calls) once per command line, with file
+``fxrules.tools.cli.main`` (what ``python -m fxrules`` calls) once per command line, with file
 descriptors 1 and 2 captured per call, so it sees exactly what a subprocess would
 print, torch's own logging included.
 """
@@ -187,14 +187,14 @@ def work(tmp_path_factory) -> Path:
 
 CLI = ["-m", "fxrules"]
 WITH_LIBRARY = ["-c", "import pathlib, sys, fxrules; fxrules.LIBRARY = pathlib.Path(sys.argv[1]); "
-                      "from fxrules.cli import main; sys.exit(main(sys.argv[2:]))"]
+                      "from fxrules.tools.cli import main; sys.exit(main(sys.argv[2:]))"]
 
 DRIVER = """\
 import json, os, sys, tempfile
 from pathlib import Path
 
 import fxrules
-from fxrules.cli import main
+from fxrules.tools.cli import main
 
 plan = json.loads(Path(sys.argv[1]).read_text())
 results = {}

@@ -1,4 +1,4 @@
-"""fxrules.codediff: a unified diff that is correct (applying it gives the new text) and fast on big code."""
+"""fxrules.tools.codediff: a unified diff that is correct (applying it gives the new text) and fast on big code."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 from hypothesis import given, strategies as st
 
-from fxrules.codediff import opcodes, unified_diff
+from fxrules.tools.codediff import opcodes, unified_diff
 
 
 def patch(a: list[str], diff: list[str]) -> list[str]:

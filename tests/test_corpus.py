@@ -10,7 +10,7 @@ Files that cannot hold comments (binary or non-UTF-8 ones) declare the same line
 in a sidecar ``NAME.expect``. ``tests/corpus/pass/*.fxr`` must check clean.
 
 Every file is checked through the API (``load_rules``) and through the CLI in
-process (``fxrules.cli.main``); the real command runs as a subprocess over the
+process (``fxrules.tools.cli.main``); the real command runs as a subprocess over the
 whole corpus at once (one run per output format) and over a few single files,
 because each subprocess pays for importing torch.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 import fxrules
-from fxrules.cli import main as cli_main
+from fxrules.tools.cli import main as cli_main
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

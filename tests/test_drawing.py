@@ -1,4 +1,4 @@
-"""Pictures of a rewrite (fxrules.drawing): which nodes are marked, the DOT text, the files written.
+"""Pictures of a rewrite (fxrules.tools.drawing): which nodes are marked, the DOT text, the files written.
 
 The DOT text is checked by a small linter here (every line a statement Graphviz reads,
 every string properly quoted), and rendering is checked with a fake ``dot`` (a script
@@ -8,7 +8,6 @@ installed. ``fxrules apply --graph`` through the real CLI is tested in test_cli_
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 import sys
@@ -19,8 +18,8 @@ import torch
 from torch import fx, nn
 
 import fxrules
-from fxrules import drawing
-from fxrules.drawing import DrawError, draw, marks, to_dot
+import fxrules.tools.drawing as drawing
+from fxrules.tools.drawing import DrawError, draw, marks, to_dot
 
 RULES = """
 rule remove_dropout [exact]:

@@ -1,4 +1,4 @@
-"""Tests of ``fxrules fmt`` (fxrules/fmt.py): canonical layout through the printer, every comment kept.
+"""Tests of ``fxrules fmt`` (fxrules/tools/fmt.py): canonical layout through the printer, every comment kept.
 
 * exact outputs for the comment rules (gaps, trailing comments, comment lines inside a
   rule, items left as written, blank lines the printer asks for);
@@ -22,10 +22,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fxrules import fmt
+import fxrules.tools.fmt as fmt
 from fxrules.errors import RuleFileError
-from fxrules.frontend import parse_source
-from fxrules.source import Source
+from fxrules.lang.load import parse_source
+from fxrules.lang.source import Source
 from tests.test_parser_fuzz import grammar_texts
 from tests.test_printer import rule_files
 
@@ -314,7 +314,7 @@ def test_sprinkled_corpus_formats_safely(data) -> None:
 @settings(max_examples=max(10, settings().max_examples * 3 // 5))  # 60 under the ci profile
 @given(rule_files, st.data())
 def test_random_files_with_comments_format_safely(rule_file, data) -> None:
-    from fxrules.printer import print_file
+    from fxrules.lang.printer import print_file
 
     text = print_file(rule_file)
     varied = data.draw(sprinkled(text))

@@ -129,7 +129,7 @@ def graph_specs(draw) -> Spec:
 _FROZEN = "frozen"  # the storage of placeholders and parameters: never written
 
 
-class _Builder:
+class _ModelSpecBuilder:
     """Builds the graph and the root module; tracks which values may be written in place."""
 
     def __init__(self, spec: Spec):
@@ -440,7 +440,7 @@ class _Builder:
 
 
 def build(spec: Spec) -> fx.GraphModule:
-    return _Builder(spec).build()
+    return _ModelSpecBuilder(spec).build()
 
 
 def example_inputs(spec: Spec) -> tuple:

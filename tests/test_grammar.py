@@ -6,13 +6,13 @@ from pathlib import Path
 import lark
 import pytest
 
-from fxrules import parser
+import fxrules.lang.parser as parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_packaged_grammar_is_identical_to_the_source():
-    packaged = resources.files("fxrules").joinpath("fxr.lark").read_bytes()
+    packaged = resources.files("fxrules.lang").joinpath("fxr.lark").read_bytes()
     assert packaged == (ROOT / "grammar" / "fxr.lark").read_bytes()
     assert parser.grammar_text().encode("utf-8") == packaged
 
@@ -31,8 +31,8 @@ def test_every_terminal_is_named():
 
 def test_a_2000_rule_file_parses():
     """Speed is measured by benchmarks/; here only that it parses, every rule in order."""
-    from fxrules.builder import build
-    from fxrules.source import Source
+    from fxrules.lang.reductions import build
+    from fxrules.lang.source import Source
 
     text = "".join(f"rule r{i}:\n    call_function torch.relu(call_function torch.relu($x)) -> "
                    f"call_function torch.relu($x)\n" for i in range(2000))

@@ -8,14 +8,12 @@ rules on functions and methods; the pass tests also use module rules on symbolic
 
 from __future__ import annotations
 
-import operator
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from torch.fx.passes.infra.pass_manager import PassManager

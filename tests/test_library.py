@@ -5,7 +5,7 @@ Per-rule behaviour (each rule's examples, and host graphs drawn for it) is check
 
 * it loads and checks clean, from ``fxrules.LIBRARY`` and through the ``rules`` link;
 * every rule has a description, an explicit contract, a positive and a negative example;
-* its README index is current (``python -m fxrules.library_index --check``);
+* its README index is current (``python -m fxrules.tools.library_index --check``);
 * applied to the zoo models (traced, and exported for the aten family) it rewrites them and
   keeps their outputs (bit for bit where only ``[exact]`` rules fired);
 * the ``[changes]`` swaps change what they should and keep the models running;
@@ -26,8 +26,9 @@ import torch
 from torch.testing import assert_close
 
 import fxrules
-from fxrules import library_index, zoo
-from fxrules.cli import main as cli_main
+from fxrules import zoo
+import fxrules.tools.library_index as library_index
+from fxrules.tools.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {"aten", "canonicalize", "cleanup", "fold", "swap"}
@@ -97,7 +98,7 @@ def test_contracts_by_family():
 
 
 def test_readme_is_current():
-    assert library_index.is_current(), "run `python -m fxrules.library_index` to regenerate fxrules/library/README.md"
+    assert library_index.is_current(), "run `python -m fxrules.tools.library_index` to regenerate fxrules/library/README.md"
     text = library_index.readme_path().read_text(encoding="utf-8")
     for rule in LIBRARY:
         assert f"| `{rule.name}` |" in text
@@ -229,7 +230,7 @@ def test_prune_linear_skips_square_layers_only():
 
 
 def _copy_source(destination: Path) -> None:
-    """What building needs, with links resolved (fxrules/fxr.lark links to grammar/)."""
+    """What building needs, with links resolved (fxrules/lang/fxr.lark links to grammar/)."""
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, destination / name)
     shutil.copytree(ROOT / "fxrules", destination / "fxrules", symlinks=False,
@@ -252,7 +253,7 @@ def test_wheel_contains_the_library_and_installed_fxrules_loads_it(tmp_path):
                 for p in fxrules.LIBRARY.rglob("*") if p.suffix in (".fxr", ".md")}
     assert len(expected) == len(list(fxrules.LIBRARY.rglob("*.fxr"))) + 1
     assert expected <= names, sorted(expected - names)
-    assert "fxrules/fxr.lark" in names
+    assert "fxrules/lang/fxr.lark" in names
 
     target = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import fxrules
 from fxrules import zoo
-from fxrules.verification import compare
+from fxrules.verifier.driver import compare
 
 LIBRARY = fxrules.load_rules(fxrules.LIBRARY)
 KEEPING = LIBRARY.select(contracts=["exact", "approx"])

@@ -28,6 +28,6 @@ def test_every_library_rule_has_checked_evidence():
 
 
 def test_the_library_is_formatted_canonically():
-    from fxrules.fmt import run
+    from fxrules.tools.fmt import run
 
     assert run([str(fxrules.LIBRARY)], check=True, diff=False) == 0

@@ -1,9 +1,9 @@
-"""Name resolution under the import policy (fxrules/names.py) and replacement-only refusals."""
+"""Name resolution under the import policy (fxrules/lang/names.py) and replacement-only refusals."""
 
 import pytest
 
 import fxrules
-from fxrules.names import Resolver
+from fxrules.lang.names import Resolver
 
 
 @pytest.mark.parametrize("path, status", [

@@ -1,10 +1,10 @@
 """The direct path from text to AST changes nothing but the time.
 
-``fxrules.builder.build_direct`` (the parser's LALR loop making AST nodes in its
+``fxrules.lang.reductions.build_direct`` (the parser's LALR loop making AST nodes in its
 reductions, with its own scanner) must make exactly what the reference path makes,
 ``builder.build(parser.parse_tree(src), src)`` (Lark's tree, then the builder), spans
 included; and where the reference path reports a problem, the direct path must give up
-(:class:`fxrules.builder.NotDirect`) so that the front end reports it the reference way.
+(:class:`fxrules.lang.reductions.NotDirect`) so that the front end reports it the reference way.
 Checked on the pass and fail corpora, the bundled library, the benchmark workloads,
 generated files, and the parser fuzz tests' strategies.
 """
@@ -20,10 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fxrules
-from fxrules import ast as A
-from fxrules import builder, frontend, parser
+import fxrules.lang.ast as A
+import fxrules.lang.reductions as builder
+import fxrules.lang.load as frontend
+import fxrules.lang.parser as parser
 from fxrules.errors import RuleFileError
-from fxrules.source import Source, read
+from fxrules.lang.source import Source, read
 from tests.test_parser_fuzz import _nest, grammar_texts, token_soup
 
 ROOT = Path(__file__).resolve().parent.parent

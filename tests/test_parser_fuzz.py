@@ -10,7 +10,7 @@ Three sources of input:
     the builder; every file that builds must round-trip through the printer.
 (b) arbitrary text, and a "token soup" of the language's own words and
     punctuation, which gets further into the parser than random characters;
-(c) arbitrary bytes through :func:`fxrules.source.decode`.
+(c) arbitrary bytes through :func:`fxrules.lang.source.decode`.
 
 How the grammar strategy is made to produce mostly valid files:
 ``from_lark`` joins terminals with no separator (and only sometimes inserts an
@@ -25,7 +25,6 @@ two tokens would swallow the rest of the line.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import lark
@@ -34,7 +33,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
-from fxrules import builder, parser, printer, source
+import fxrules.lang.reductions as builder
+import fxrules.lang.parser as parser
+import fxrules.lang.printer as printer
+import fxrules.lang.source as source
 from fxrules.errors import RuleFileError
 from tests.ast_shape import shape
 

@@ -138,7 +138,7 @@ def test_fxrules_check_hook(tmp_path: Path) -> None:
     # and fxrules check runs there, on a file naming torch targets, without importing torch
     (project / "rules" / "torchy.fxr").write_text("call_function torch.relu(call_function torch.relu($x)) -> $x\n")
     probe = subprocess.run(
-        [str(python), "-c", "import sys\nfrom fxrules.cli import main\ncode = main(['check', 'rules'])\n"
+        [str(python), "-c", "import sys\nfrom fxrules.tools.cli import main\ncode = main(['check', 'rules'])\n"
                             "assert 'torch' not in sys.modules, 'fxrules check imported torch'\nsys.exit(code)"],
         cwd=project, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""},
     )

@@ -1,4 +1,4 @@
-"""Tests of fxrules.printer, the canonical formatter behind ``fxrules fmt``.
+"""Tests of fxrules.lang.printer, the canonical formatter behind ``fxrules fmt``.
 
 The printer's contract is the round trip ``build(parse(print(ast))) == ast``
 for every AST the builder produces, and idempotence on text. Checked here:
@@ -18,7 +18,6 @@ through :func:`shape`, which also compares the types of literal values.
 from __future__ import annotations
 
 import ast as pyast
-import dataclasses
 import math
 import re
 from pathlib import Path
@@ -27,10 +26,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fxrules import ast as A
-from fxrules import builder, parser, printer
+import fxrules.lang.ast as A
+import fxrules.lang.reductions as builder
+import fxrules.lang.parser as parser
+import fxrules.lang.printer as printer
 from fxrules.errors import RuleFileError
-from fxrules.source import Source
+from fxrules.lang.source import Source
 from tests.ast_shape import shape
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fxrules.progress import Progress, progress, should_show
+from fxrules.tools.progress import Progress, progress, should_show
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""fxrules.saving: what save_module writes, what load_saved accepts and refuses (in process).
+"""fxrules.tools.saving: what save_module writes, what load_saved accepts and refuses (in process).
 
 The round trip through a fresh interpreter and the CLI is tested in test_cli_apply.py.
 """
@@ -13,7 +13,7 @@ import torch
 from torch import fx, nn
 
 import fxrules
-from fxrules.saving import FILES, SaveError, load_saved, save_module
+from fxrules.tools.saving import FILES, SaveError, load_saved, save_module
 
 
 @fx.wrap

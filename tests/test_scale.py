@@ -75,7 +75,7 @@ def deep_rules() -> fxrules.RuleSet:
 
 
 def test_deep_pattern_checks_clean(tmp_path, deep_rules):
-    from fxrules.cli import main
+    from fxrules.tools.cli import main
 
     path = tmp_path / "deep.fxr"
     path.write_text(deep_rule_text(DEPTH), encoding="utf-8")

@@ -22,8 +22,9 @@ from torch import fx, nn
 from torch.testing import assert_close
 
 import fxrules
-from fxrules import engine, zoo
-from fxrules.transaction import copy_graph
+from fxrules import zoo
+import fxrules.engine.driver as engine
+from fxrules.engine.transaction import copy_graph
 
 
 def seeded(build, seed: int = 0):
@@ -129,7 +130,7 @@ def _summary(result: fxrules.RewriteResult) -> tuple:
 
 def _without_pre_check(monkeypatch) -> None:
     """Rules compiled from now on have no pre-check: every candidate node is matched in full."""
-    from fxrules import program
+    import fxrules.engine.program as program
 
     monkeypatch.setattr(program, "_requires", lambda root: ())
 
@@ -182,7 +183,7 @@ def test_no_pre_check_where_matching_reads_module_attributes():
     rules = fxrules.parse_rules(
         "rule r:\n    call_module ReLU(call_module Linear{bias=True}($x)) -> call_module ReLU($x)\n"
         "rule s:\n    call_module ReLU(call_module Linear($x)) -> call_module ReLU($x)\n", "attrs.fxr")
-    from fxrules.program import compile_rules
+    from fxrules.engine.program import compile_rules
 
     programs = {p.name: p for p in compile_rules(rules).programs}
     assert programs["r"].requires == ()
@@ -253,8 +254,8 @@ def test_folded_modules_take_the_conv_name_only_when_nothing_else_uses_it(share,
                                   "rule r:\n    call_function torch.relu($x) -> $x )\n",
                                   "rule r: ~\n", "rule\n"])
 def test_syntax_errors_still_come_from_lark(text):
-    from fxrules import builder
-    from fxrules.source import Source
+    import fxrules.lang.reductions as builder
+    from fxrules.lang.source import Source
 
     with pytest.raises(builder.NotDirect):  # the direct path gives up; the reference (Lark) words it
         builder.build_direct(Source("bad.fxr", text))
@@ -266,7 +267,8 @@ def test_syntax_errors_still_come_from_lark(text):
 def test_checking_pauses_the_garbage_collector_and_restores_it():
     import gc
 
-    from fxrules import frontend, parser
+    import fxrules.lang.load as frontend
+    import fxrules.lang.parser as parser
 
     seen = []
     real = frontend.build_direct
@@ -277,7 +279,7 @@ def test_checking_pauses_the_garbage_collector_and_restores_it():
 
     assert gc.isenabled()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fxrules.frontend.build_direct", spy)
+        mp.setattr("fxrules.lang.load.build_direct", spy)
         fxrules.parse_rules("rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> $x\n", "a.fxr")
         assert seen == [False] and gc.isenabled()
         with pytest.raises(fxrules.RuleFileError):
@@ -329,7 +331,7 @@ _BIND_TARGETS = [torch.sum, torch.add, torch.transpose, torch.relu, F.gelu, F.so
 
 
 def _bind_signatures():
-    from fxrules import signatures
+    import fxrules.engine.signatures as signatures
 
     found = [s for t in _BIND_TARGETS for s in signatures.for_function(t)]
     found += [signatures.for_module(nn.Linear)[0], signatures.for_module(nn.MultiheadAttention)[0]]
@@ -346,7 +348,7 @@ _PARAM_NAMES = sorted({name for s in _SIGNATURES for name in s.parameters}) + ["
 def test_fast_binding_is_what_signature_bind_does(sig, args, kwargs):
     """``signatures.bind`` binds plain signatures itself: the same parameters, in the same order,
     and None exactly where ``inspect.Signature.bind`` raises."""
-    from fxrules import signatures
+    import fxrules.engine.signatures as signatures
 
     try:
         expected = dict(sig.bind(*args, **kwargs).arguments)
@@ -369,7 +371,7 @@ def _tree(module: nn.Module) -> tuple:
 def test_commit_builds_the_module_graphmodule_builds(build):
     """The committed module has the tree, parameters, buffers and code ``fx.GraphModule(root, graph)``
     gives, with the same objects; plain tensors read by get_attr become buffers in both."""
-    from fxrules.transaction import _assemble
+    from fxrules.engine.transaction import _assemble
 
     gm = fx.symbolic_trace(seeded(build).eval())
     gm.register_buffer("plain", torch.ones(3), persistent=False)
@@ -393,7 +395,7 @@ def test_apply_pauses_the_garbage_collector_and_restores_it(monkeypatch):
     after a failed run, and a caller who turned it off keeps it off."""
     import gc
 
-    from fxrules import transaction
+    import fxrules.engine.transaction as transaction
 
     seen = []
     real = transaction.copy_graph
@@ -421,7 +423,8 @@ def test_apply_pauses_the_garbage_collector_and_restores_it(monkeypatch):
 def test_the_commit_check_refuses_a_changed_node_that_reads_out_of_order():
     """What replaced the whole-graph lint: a created or rewired node reading a node that comes after
     it, or one no longer in the graph, is a ModelError naming both."""
-    from fxrules.transaction import ModelError, Workpiece
+    from fxrules.engine.errors import ModelError
+    from fxrules.engine.transaction import Workpiece
 
     gm = fx.symbolic_trace(seeded(Net).eval())
     work = Workpiece(copy_graph(gm.graph), gm, class_name="Net")
@@ -440,7 +443,7 @@ def test_the_recompile_leaves_the_lookup_table_as_it_was(monkeypatch):
     """The commit recompiles with a quiet view of the graph's find_nodes table (no remove/insert per
     ``_repr_fn`` set): the code is torch's own, the real table is back in place with every node
     under its key, and find_nodes answers as on the input."""
-    from fxrules.transaction import _QuietLookupTable
+    from fxrules.engine.transaction import _QuietLookupTable
 
     gm = fx.symbolic_trace(seeded(Net).eval())
     result = fxrules.apply_rules(gm, _rules())
@@ -474,7 +477,7 @@ def test_the_recompile_leaves_the_lookup_table_as_it_was(monkeypatch):
 
 @pytest.mark.parametrize("build", [lambda: Net(), lambda: zoo.deep_cnn(2), lambda: zoo.transformer()])
 def test_modules_by_path_is_named_modules(build):
-    from fxrules.transaction import _modules_by_path
+    from fxrules.engine.transaction import _modules_by_path
 
     model = seeded(build)
     model.shared = model.get_submodule(next(n for n, m in model.named_modules() if n and not m._modules))
@@ -516,7 +519,7 @@ def _impure_buffer() -> nn.Module:
 def test_module_attribute_lookup_is_getattr(build, name):
     """The planner reads `inplace` and `_is_impure` of every module it checks without going through a
     failing nn.Module.__getattr__; it must answer what getattr answers."""
-    from fxrules.planner import _module_attr
+    from fxrules.engine.planner import _module_attr
 
     module = build()
     classes: dict = {}

@@ -14,7 +14,7 @@ import torch
 from hypothesis import settings
 
 import fxrules
-from fxrules.verification import VerifyReport, compare, verify
+from fxrules.verifier.driver import VerifyReport, compare, verify
 
 ROOT = Path(__file__).resolve().parent.parent
 # Hosts per rule: few in the ci profile (fixed seed), many more under HYPOTHESIS_PROFILE=thorough.
@@ -197,7 +197,7 @@ def test_found_counterexamples_are_kept_in_the_database(tmp_path):
     assert report.verdicts[0].grade == "wrong"
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    from fxrules.verification import database_key
+    from fxrules.verifier.driver import database_key
 
     rule = fxrules.parse_rules(WRONG_RULES["mul_two_is_x"], "wrong.fxr")["wrong.fxr:1"]
     saved = list(DirectoryBasedExampleDatabase(str(database)).fetch(database_key(rule)))

@@ -1,0 +1,261 @@
+"""Evaluating ``where`` conditions on a match.
+
+What names mean in a condition:
+
+* ``$x`` bound to a node: its tensor metadata (``shape``, ``ndim``, ``dtype``,
+  ``device``, ``numel``, ...) from ``node.meta['val']`` or
+  ``node.meta['tensor_meta']``; bound to a ``get_attr`` node: the parameter or
+  buffer itself; bound to a literal: the literal.
+* a name bound with ``as`` to a ``call_module`` node: the module, so
+  ``bn.training`` and ``conv.weight.shape`` read it; to any other node: like a
+  capture.
+* dotted names: constants such as ``torch.float32``; calls: built-in
+  predicates (``is_zero``), pure builtins (``len``) or a function by dotted path
+  (allowed by the import policy).
+
+A condition that needs metadata the graph does not have raises
+:class:`MissingMetadata`; the engine turns it into an error naming the rule.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Optional
+
+import torch
+from torch import fx, nn
+
+import fxrules.lang.ast as A
+from fxrules.lang.names import expand
+from fxrules.engine.predicates import PREDICATES
+from fxrules.lang.names import CONDITION_FUNCTIONS
+
+
+class MissingMetadata(Exception):
+    """A condition read shape/dtype of a node that has neither meta['val'] nor meta['tensor_meta']."""
+
+    def __init__(self, node: fx.Node, attr: str):
+        super().__init__(node, attr)
+        self.node = node
+        self.attr = attr
+
+
+class NotApplicable(Exception):
+    """A condition asked a value for something it does not have (the dtype of an int): it does not hold."""
+
+
+class TensorInfo:
+    """Shape, dtype and device of a node's value, read from its meta."""
+
+    __slots__ = ("shape", "dtype", "device", "requires_grad", "_contiguous")
+
+    def __init__(self, shape, dtype, device, requires_grad=False, contiguous=True):
+        self.shape = tuple(int(d) if _is_int(d) else d for d in shape)
+        self.dtype = dtype
+        self.device = device
+        self.requires_grad = requires_grad
+        self._contiguous = contiguous
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def is_contiguous(self) -> bool:
+        return self._contiguous
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def size(self, dim: Optional[int] = None):
+        return self.shape if dim is None else self.shape[dim]
+
+
+def _is_int(d: Any) -> bool:
+    try:
+        int(d)
+        return True
+    except Exception:
+        return False
+
+
+def tensor_info(node: fx.Node) -> Optional[TensorInfo]:
+    val = node.meta.get("val")
+    if val is not None and hasattr(val, "shape") and hasattr(val, "dtype"):
+        try:
+            contiguous = bool(val.is_contiguous())
+        except Exception:
+            contiguous = True
+        return TensorInfo(val.shape, val.dtype, getattr(val, "device", None),
+                          bool(getattr(val, "requires_grad", False)), contiguous)
+    meta = node.meta.get("tensor_meta")
+    if meta is not None and hasattr(meta, "shape"):
+        return TensorInfo(meta.shape, meta.dtype, None, bool(getattr(meta, "requires_grad", False)),
+                          bool(getattr(meta, "is_contiguous", True)))
+    return None
+
+
+_BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+    ">=": operator.ge, "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+}
+
+_CAPTURE_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
+
+
+class Evaluator:
+    """Evaluates one rule's conditions against one match."""
+
+    def __init__(self, captures: dict, names: dict, module_of: Callable[[str], Any],
+                 attr_of: Callable[[str], Any], aliases: dict, resolver):
+        self.captures = captures
+        self.names = names
+        self.module_of = module_of
+        self.attr_of = attr_of
+        self.aliases = aliases
+        self.resolver = resolver
+
+    def holds(self, cond: A.Cond) -> bool:
+        """A whole `where` line: a value without the metadata it asks for (an int's dtype) makes it false,
+        whatever `not`s surround that read."""
+        try:
+            return self.truth(cond)
+        except NotApplicable:
+            return False
+
+    def truth(self, cond: A.Cond) -> bool:
+        return bool(self.value(cond))
+
+    def node_value(self, node: Any, attr: Optional[str] = None) -> Any:
+        """What a node stands for in a condition (see the module docstring)."""
+        if not isinstance(node, fx.Node):
+            return node
+        if node.op == "get_attr":
+            return self.attr_of(node.target)
+        if node.op == "call_module" and attr not in _CAPTURE_ATTRS:
+            return self.module_of(node.target)
+        info = tensor_info(node)
+        if info is not None:
+            return info
+        if "val" in node.meta:  # not a tensor: the value itself
+            return node.meta["val"]
+        raise MissingMetadata(node, attr or "value")
+
+    def value(self, cond: A.Cond) -> Any:
+        kind = type(cond)
+        if kind is A.CLiteral:
+            return cond.value
+        if kind is A.CCapture:  # a captured value: a parameter, tensor metadata, or a literal
+            value = self.captures[cond.name]
+            if isinstance(value, fx.Node):
+                if value.op == "get_attr":
+                    return self.attr_of(value.target)
+                info = tensor_info(value)
+                if info is not None:
+                    return info
+                if "val" in value.meta:  # a node whose value is not a tensor (an int from x.size(0))
+                    return value.meta["val"]
+                raise MissingMetadata(value, "shape/dtype")
+            return value
+        if kind is A.CName:
+            if cond.name in self.names:
+                return self.names[cond.name]
+            return self.constant((cond.name,))
+        if kind is A.CAttr:
+            chain = A.name_chain(cond)
+            if chain is not None and chain[0] not in self.names:
+                return self.constant(chain)
+            base = self.value(cond.value)
+            from_module = isinstance(base, fx.Node) and base.op == "call_module" and cond.attr not in _CAPTURE_ATTRS
+            if isinstance(base, fx.Node):
+                base = self.node_value(base, cond.attr)
+            if cond.attr.startswith("__"):  # the checker refuses these; never evaluate one
+                raise NameError(f"a condition may not read `{cond.attr}`")
+            if cond.attr in _CAPTURE_ATTRS:
+                if not hasattr(base, cond.attr):
+                    raise NotApplicable(cond.attr)
+            elif not (from_module or isinstance(base, (nn.Module, torch.Tensor))):
+                raise NameError(f"a condition may read only tensor metadata from a computed value, not `{cond.attr}`")
+            result = getattr(base, cond.attr)
+            if cond.attr in ("numel",) and callable(result):
+                return result()
+            if cond.attr not in _CAPTURE_ATTRS and callable(result) and not isinstance(result, torch.Tensor):
+                raise NameError(f"a condition may read data attributes of modules, not the method `{cond.attr}`")
+            return result
+        if kind is A.CIndex:
+            base = self.value(cond.value)
+            if isinstance(base, fx.Node):
+                base = self.node_value(base)
+            return base[self.value(cond.index)]
+        if kind is A.CCall:
+            return self.call(cond)
+        if kind is A.CList:
+            return [self.value(i) for i in cond.items]
+        if kind is A.CUnary:
+            if cond.op == "not":
+                return not self.truth(cond.operand)
+            return -self.value(cond.operand)
+        if kind is A.CBinary:
+            if cond.op == "and":
+                return self.truth(cond.left) and self.truth(cond.right)
+            if cond.op == "or":
+                return self.truth(cond.left) or self.truth(cond.right)
+            left, right = self.value(cond.left), self.value(cond.right)
+            return _BINARY[cond.op](_plain(self, left), _plain(self, right))
+        raise AssertionError(kind)  # pragma: no cover
+
+    def call(self, cond: A.CCall) -> Any:
+        # A captured node passed straight to a function need not have metadata: the function
+        # gets the node itself then (built-in predicates answer False for it).
+        args = [self.captures[a.name] if isinstance(a, A.CCapture) and _bare_node(self.captures[a.name])
+                else self.value(a) for a in cond.args]
+        func = cond.func
+        if isinstance(func, A.CName) and func.name in PREDICATES:
+            return PREDICATES[func.name](*[self.predicate_arg(a) for a in args])
+        if isinstance(func, A.CName) and func.name in CONDITION_FUNCTIONS:
+            return CONDITION_FUNCTIONS[func.name](*[_plain(self, a) for a in args])
+        if isinstance(func, A.CAttr) and A.name_chain(func) is None:  # a method on a value: `$x.is_contiguous()`
+            base = self.value(func.value)
+            if isinstance(base, fx.Node):
+                base = self.node_value(base, func.attr)
+            if func.attr not in _CAPTURE_ATTRS or not isinstance(base, (TensorInfo, torch.Tensor)):
+                raise NameError(f"a condition may call only metadata methods of a value, not `{func.attr}`")
+            return getattr(base, func.attr)(*args)
+        chain = A.name_chain(func)
+        function = self.constant(chain)
+        return function(*[self.predicate_arg(a) for a in args])
+
+    def predicate_arg(self, value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            if value.op in ("get_attr", "call_module"):
+                return self.node_value(value)
+            info = tensor_info(value)
+            return info if info is not None else value
+        return value
+
+    def constant(self, chain: tuple) -> Any:
+        path = expand(chain, self.aliases) or ".".join(chain)
+        resolution = self.resolver.resolve(path)
+        if not resolution.ok:
+            raise NameError(resolution.message or f"`{path}` does not resolve")
+        if isinstance(resolution.value, type(operator)):
+            raise NameError(f"a condition may not use the module `{path}` as a value")
+        return resolution.value
+
+
+def _bare_node(value: Any) -> bool:
+    """A node without tensor metadata or a value (predicate_arg decides what to pass for it)."""
+    return isinstance(value, fx.Node) and value.op != "get_attr" and tensor_info(value) is None \
+        and "val" not in value.meta
+
+
+def _plain(evaluator: Evaluator, value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        return evaluator.node_value(value)
+    return value

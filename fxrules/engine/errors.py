@@ -1,0 +1,50 @@
+"""The exceptions the engine raises on purpose (all :class:`fxrules.errors.FxrulesError`).
+
+Torch-free, so ``fxrules.errors`` can name them without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from fxrules.lang.diagnostics import FxrulesError
+
+__all__ = ["BuilderError", "ModelError", "RewriteError", "RewriteLoopError"]
+
+
+class RewriteError(FxrulesError):
+    """A rule failed while being applied. The caller's model is unchanged.
+
+    Attributes: ``rule`` (name), ``source`` (rule file:line), ``node`` (graph
+    node name) and ``stack_trace`` (where the node came from in the model, when known).
+    """
+
+    def __init__(self, message: str, *, rule: str, source: str, node: str, stack_trace: Optional[str] = None):
+        text = f"{source}: rule `{rule}` failed at node %{node}: {message}"
+        if stack_trace:
+            text += "\nthe node was created at:\n    " + stack_trace.strip().replace("\n", "\n    ")
+        super().__init__(text)
+        self.rule = rule
+        self.source = source
+        self.node = node
+        self.stack_trace = stack_trace
+
+
+class RewriteLoopError(FxrulesError):
+    """The rules kept rewriting past ``max_iterations``: they do not reach a fixpoint."""
+
+    def __init__(self, message: str, rules: list[str]):
+        super().__init__(message)
+        self.rules = rules
+
+
+class ModelError(FxrulesError):
+    """The model cannot be prepared for rewriting (it does not trace, or is not a module)."""
+
+
+class BuilderError(FxrulesError, ValueError):
+    """A builder was given modules it cannot turn into an exact replacement.
+
+    It is a :class:`ValueError` (the arguments are the problem) and an
+    :class:`~fxrules.errors.FxrulesError` (fxrules raised it on purpose).
+    """

@@ -1,0 +1,444 @@
+"""Matching compiled patterns against torch.fx nodes.
+
+``match_program(program, node, graph_view)`` returns a :class:`Match` (the
+bindings and matched nodes) or a :class:`Miss` (the deepest point the match
+reached and why it stopped there: what ``explain`` shows).
+
+Semantics (see docs/semantics.md):
+
+* call_function targets match by identity; call_method by name; call_module by
+  the module's type: an instance of the pattern's class, or of a subclass that
+  inherits its ``forward`` (a subclass that overrides ``forward`` computes
+  something else and does not match).
+* Arguments are compared after binding both sides to the target's signature,
+  so ``sum(x, 1)`` and ``sum(x, dim=1)`` are the same call; a parameter the
+  pattern does not mention must be absent or at its default unless the pattern
+  ends with ``...``.
+* Literals match by value and type (``1`` matches neither ``1.0`` nor ``True``).
+* An alternation takes its first option that matches; there is no backtracking
+  into an alternation once the pattern moved past it. Multi-root patterns take,
+  for each further root, the first node that matches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from torch import fx
+
+import fxrules.lang.ast as A
+import fxrules.engine.signatures as signatures
+from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, Program, PRef, PSeq, PWildcard)
+
+_MISSING = object()
+
+
+class Bindings:
+    """What a (partial) match bound. Copied cheaply to backtrack over alternations."""
+
+    __slots__ = ("captures", "names", "nodes", "attrs", "rest", "pending_refs")
+
+    def __init__(self) -> None:
+        self.captures: dict = {}  # name -> Node or literal
+        self.names: dict = {}  # `as` name -> Node
+        self.nodes: dict = {}  # matched operation nodes (ordered set), excluding get_attr
+        self.attrs: dict = {}  # matched get_attr nodes (ordered set)
+        self.rest: Optional[tuple] = None  # (args, kwargs) taken by `...`
+        self.pending_refs: list = []  # (name, value) checked once every name is bound
+
+    def __repr__(self) -> str:
+        return (f"Bindings(captures={self.captures!r}, names={self.names!r}, nodes={list(self.nodes)!r}, "
+                f"attrs={list(self.attrs)!r}, rest={self.rest!r})")
+
+    def snapshot(self) -> tuple:
+        return (dict(self.captures), dict(self.names), dict(self.nodes), dict(self.attrs), self.rest,
+                list(self.pending_refs))
+
+    def restore(self, state: tuple) -> None:
+        (self.captures, self.names, self.nodes, self.attrs, self.rest, self.pending_refs) = (
+            state[0], state[1], state[2], state[3], state[4], state[5])
+
+
+@dataclass(frozen=True)
+class Match:
+    program: Program
+    roots: tuple  # the root nodes, one per pattern root
+    bindings: Bindings
+
+    @property
+    def rule(self):
+        return self.program.rule
+
+    @property
+    def nodes(self) -> tuple:
+        """Every matched operation node (roots first), then matched get_attr nodes."""
+        return tuple(self.bindings.nodes) + tuple(self.bindings.attrs)
+
+
+@dataclass(frozen=True)
+class Miss:
+    """Why a rule whose root target matched did not match: the deepest failure."""
+
+    program: Program
+    node: fx.Node
+    depth: int
+    reason: str
+    span: A.Span
+
+
+class GraphView:
+    """What matching needs to know about the graph being rewritten: its modules."""
+
+    def __init__(self, module_of: Callable[[str], Any]):
+        self.module_of = module_of
+
+
+class _Matcher:
+    def __init__(self, program: Program, view: GraphView, explain: bool = True):
+        self.program = program
+        self.view = view
+        self.explain = explain
+        self.env = Bindings()
+        self.fail_depth = -1
+        self.fail_reason = ""
+        self.fail_span = program.rule.span
+        self.depth = 0
+
+    def fail(self, reason: Callable[[], str], span: Optional[A.Span] = None) -> bool:
+        """Record a failure (the deepest one is reported); ``reason`` is only formatted when explaining."""
+        if self.depth > self.fail_depth:
+            self.fail_depth = self.depth
+            if self.explain:
+                self.fail_reason = reason()
+            self.fail_span = span if span is not None else self.fail_span
+        return False
+
+    # -- values ----------------------------------------------------------------
+    def match(self, pattern: Any, value: Any) -> bool:
+        kind = type(pattern)
+        if kind is PCapture:
+            return self.capture(pattern.name, value, pattern.span)
+        if kind is PCall:
+            return self.call(pattern, value)
+        if kind is PWildcard:
+            return True
+        if kind is PLiteral:
+            return _same_literal(pattern.value, value) or self.fail(lambda:
+                f"expected the literal {pattern.value!r}, found {_show(value)}", pattern.span)
+        if kind is PConst:
+            return _same_constant(pattern.value, value) or self.fail(lambda:
+                f"expected {pattern.label}, found {_show(value)}", pattern.span)
+        if kind is PSeq:
+            if not isinstance(value, (list, tuple)) or len(value) != len(pattern.items):
+                return self.fail(lambda: f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
+            return all(self.match(p, v) for p, v in zip(pattern.items, value))
+        if kind is PBind:
+            if not self.match(pattern.inner, value):
+                return False
+            self.env.names[pattern.name] = value
+            return True
+        if kind is PRef:
+            bound = self.env.names.get(pattern.name, _MISSING)
+            if bound is _MISSING:
+                self.env.pending_refs.append((pattern.name, value))
+                return True
+            return bound is value or self.fail(lambda: f"expected the node named `{pattern.name}` ({_show(bound)}), "
+                                               f"found {_show(value)}", pattern.span)
+        if kind is PAlt:
+            for option in pattern.options:
+                state = self.env.snapshot()
+                if self.match(option, value):
+                    return True
+                self.env.restore(state)
+            return False
+        if kind is PGetAttr:
+            return self.get_attr(pattern, value)
+        raise AssertionError(kind)  # pragma: no cover
+
+    def capture(self, name: str, value: Any, span: Optional[A.Span] = None) -> bool:
+        bound = self.env.captures.get(name, _MISSING)
+        if bound is _MISSING:
+            self.env.captures[name] = value
+            return True
+        if _same_value(bound, value):
+            return True
+        return self.fail(lambda: f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
+
+    def get_attr(self, pattern: PGetAttr, value: Any) -> bool:
+        if not isinstance(value, fx.Node) or value.op != "get_attr":
+            return self.fail(lambda: f"expected a get_attr node, found {_show(value)}", pattern.span)
+        if pattern.qualname is not None and value.target != pattern.qualname:
+            return self.fail(lambda: f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
+        if pattern.capture is not None and not self.capture(pattern.capture, value, pattern.span):
+            return False
+        self.env.attrs[value] = None
+        return True
+
+    # -- calls ----------------------------------------------------------------
+    def call(self, pattern: PCall, value: Any) -> bool:
+        if not isinstance(value, fx.Node):
+            return self.fail(lambda: f"expected {pattern.op} {pattern.label}, found {_show(value)}", pattern.span)
+        if value.op != pattern.op:
+            return self.fail(lambda: f"expected {pattern.op} {pattern.label}, found {value.op} {_target(value)}", pattern.span)
+        module = None
+        if pattern.op == "call_module":
+            module = self.view.module_of(value.target)
+            if module is None or not any(_module_matches(module, cls) for cls in pattern.targets):
+                return self.fail(lambda: f"expected a {pattern.label} module, found {type(module).__name__} "
+                                 f"`{value.target}`", pattern.span)
+        elif pattern.op == "call_method":
+            if value.target not in pattern.targets:
+                return self.fail(lambda: f"expected method {pattern.label}, found {value.target}", pattern.span)
+        elif not _same_target(value.target, pattern.targets):
+            return self.fail(lambda: f"expected {pattern.label}, found {_target(value)}", pattern.span)
+        self.depth += 1
+        try:
+            if pattern.attrs and not self.attributes(pattern, module):
+                return False
+            if pattern.args is not None and not self.arguments(pattern, value):
+                return False
+        finally:
+            self.depth -= 1
+        self.env.nodes[value] = None
+        return True
+
+    def attributes(self, pattern: PCall, module: Any) -> bool:
+        for name, expected in pattern.attrs:
+            actual = getattr(module, name, _MISSING)
+            if actual is _MISSING:
+                return self.fail(lambda: f"the module has no attribute `{name}`", pattern.span)
+            actual = _attribute_value(actual, expected)
+            if not self.match(expected, actual):
+                return self.fail(lambda: f"attribute `{name}` is {actual!r}", pattern.span)
+        return True
+
+    def arguments(self, pattern: PCall, node: fx.Node) -> bool:
+        if not pattern.overloads:
+            return self.positional_arguments(pattern, node)
+        args, kwargs = node.args, node.kwargs
+        for sig, expected in pattern.overloads:
+            actual = signatures.bind(sig, args, kwargs)
+            if actual is None:
+                continue
+            # The first signature the call binds to decides. A failure needs no undoing here:
+            # it fails the whole match, or an enclosing alternative restores its own snapshot.
+            return self.bound_arguments(pattern, node, sig, expected, actual)
+        return self.positional_arguments(pattern, node)  # the call does not fit the signature: compare as written
+
+    def bound_arguments(self, pattern: PCall, node: fx.Node, sig, expected: dict, actual: dict) -> bool:
+        for param in sig.parameters:
+            want = expected.get(param, _MISSING)
+            have = actual.get(param, _MISSING)
+            if want is not _MISSING:
+                if have is _MISSING:
+                    have = signatures.default(sig, param)
+                    if have is signatures.EMPTY:
+                        return self.fail(lambda: f"argument `{param}` is missing", pattern.span)
+                if not self.match(want, have):
+                    return self.fail(lambda: f"argument `{param}` does not match: {_show(have)}", pattern.span)
+            elif have is not _MISSING and not pattern.rest:
+                default = signatures.default(sig, param)
+                if default is signatures.EMPTY or not _same_value(default, have):
+                    return self.fail(lambda: f"argument `{param}` is {_show(have)}; the pattern does not mention it, so it "
+                                     f"must be absent or at {_shown_default(default)} (end the pattern's arguments with `...` to "
+                                     f"accept any)", pattern.span)
+        if pattern.rest:
+            self.env.rest = _rest(pattern, node, expected)
+        return True
+
+    def positional_arguments(self, pattern: PCall, node: fx.Node) -> bool:
+        args, kwargs = node.args, node.kwargs
+        count = len(pattern.args)
+        if len(args) < count or (len(args) > count and not pattern.rest):
+            return self.fail(lambda: f"expected {count} positional argument{'s' * (count != 1)}, found {len(args)}",
+                             pattern.span)
+        for want, have in zip(pattern.args, args):
+            if not self.match(want, have):
+                return False
+        named = {name for name, _ in pattern.kwargs}
+        for name, want in pattern.kwargs:
+            if name not in kwargs:
+                return self.fail(lambda: f"keyword argument `{name}` is missing", pattern.span)
+            if not self.match(want, kwargs[name]):
+                return False
+        extra = [k for k in kwargs if k not in named]
+        if extra and not pattern.rest:
+            return self.fail(lambda: f"keyword argument `{extra[0]}` is not in the pattern", pattern.span)
+        if pattern.rest:
+            self.env.rest = (tuple(args[count:]), {k: v for k, v in kwargs.items() if k not in named})
+        return True
+
+
+def _rest(pattern: PCall, node: fx.Node, expected: dict) -> tuple:
+    """What `...` took: positional arguments past the pattern's, and keywords the pattern does not name."""
+    count = len(pattern.args or ())
+    return tuple(node.args[count:]), {k: v for k, v in node.kwargs.items() if k not in expected}
+
+
+def _module_matches(module: Any, cls: type) -> bool:
+    if not isinstance(module, cls):
+        return False
+    return type(module) is cls or getattr(type(module), "forward", None) is getattr(cls, "forward", None)
+
+
+def _attribute_value(actual: Any, expected: Any) -> Any:
+    """Constructor arguments as the module stores them: `bias=True` is a bias tensor; `kernel_size=3` is (3, 3)."""
+    if isinstance(expected, PLiteral):
+        if isinstance(expected.value, bool) and not isinstance(actual, bool):
+            import torch
+
+            if actual is None or isinstance(actual, torch.Tensor):
+                return actual is not None
+        if isinstance(expected.value, (int, float)) and not isinstance(expected.value, bool) \
+                and isinstance(actual, tuple) and actual and all(_same_literal(expected.value, a) for a in actual):
+            return expected.value
+    return actual
+
+
+def _same_target(target: Any, targets: tuple) -> bool:
+    """Whether a call_function node's ``target`` is one of ``targets`` (identity, else equality)."""
+    for t in targets:
+        if target is t:
+            return True
+    return any(_safe_eq(target, t) for t in targets)
+
+
+def _safe_eq(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _same_literal(expected: Any, actual: Any) -> bool:
+    if isinstance(actual, fx.Node):
+        return False
+    if type(expected) is not type(actual):
+        return False
+    return _safe_eq(expected, actual)
+
+
+def _same_constant(expected: Any, actual: Any) -> bool:
+    if isinstance(actual, fx.Node):
+        return False
+    return actual is expected or _safe_eq(expected, actual)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Two bound values are the same: the same node, or equal literals of the same type."""
+    if isinstance(a, fx.Node) or isinstance(b, fx.Node):
+        return a is b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and _safe_eq(a, b)
+
+
+def _target(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", None) or str(target)
+
+
+def _shown_default(default: Any) -> str:
+    return "no default" if default is signatures.EMPTY else f"the default {default!r}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, fx.Node):
+        return f"%{value.name} ({value.op} {_target(value)})" if value.op != "placeholder" else f"%{value.name}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def input_keys(node: fx.Node) -> set:
+    """The (op, target) of each call_function/call_method input of ``node``: what ``may_match`` tests
+    patterns against (computed once per node, shared by every rule tried there)."""
+    keys = set()
+    for value in node.all_input_nodes:
+        if value.op == "call_function" or value.op == "call_method":
+            try:
+                keys.add((value.op, value.target))
+            except TypeError:  # an unhashable target: such inputs are compared one by one
+                keys.add(UNHASHABLE_INPUT)
+    return keys
+
+
+UNHASHABLE_INPUT = ("call_function", object())
+"""In ``input_keys``: some input's target cannot be hashed, so set tests cannot decide."""
+
+
+def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], keys: set) -> bool:
+    """False when ``program`` cannot match at ``node``: an argument call pattern of its first root
+    matches none of the node's inputs by op and target (``Program.requires``). ``keys`` is
+    ``input_keys(node)``. A cheap test that never reads more than the inputs' op, target and
+    module type; True says nothing."""
+    for pattern, wanted in zip(program.requires, program.requires_keys):
+        if wanted is not None and UNHASHABLE_INPUT not in keys:
+            if wanted.isdisjoint(keys):
+                return False
+            continue
+        op, targets = pattern.op, pattern.targets
+        for value in node.all_input_nodes:
+            if value.op != op:
+                continue
+            if op == "call_module":
+                module = module_of(value.target)
+                if module is not None and any(_module_matches(module, cls) for cls in targets):
+                    break
+            elif op == "call_method":
+                if value.target in targets:
+                    break
+            elif _same_target(value.target, targets):
+                break
+        else:
+            return False
+    return True
+
+
+def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: bool = True) -> "Match | Miss":
+    """Match ``program`` with its first root at ``node``.
+
+    With ``explain=False`` a :class:`Miss` carries no reason text (formatting it is most of
+    the cost of a failed attempt; only ``explain`` shows it).
+    """
+    matcher = _Matcher(program, view, explain)
+    if not matcher.match(program.roots[0], node):
+        return Miss(program, node, matcher.fail_depth, matcher.fail_reason or "the root does not match",
+                    matcher.fail_span)
+    roots = [node]
+    for pattern in program.roots[1:]:
+        found = _match_other_root(matcher, pattern, roots)
+        if found is None:
+            return Miss(program, node, matcher.fail_depth + 1,
+                        "no node matches the rule's other root over the same captures", matcher.fail_span)
+        roots.append(found)
+    env = matcher.env
+    for name, value in env.pending_refs:
+        if env.names.get(name, _MISSING) is not value:
+            return Miss(program, node, matcher.fail_depth + 1,
+                        f"the node named `{name}` is not the one used here", program.rule.span)
+    return Match(program, tuple(roots), env)
+
+
+def _match_other_root(matcher: _Matcher, pattern: Any, roots: list) -> Optional[fx.Node]:
+    env = matcher.env
+    seen = set(roots)
+    candidates: list = []
+    for value in list(env.captures.values()) + list(env.names.values()):
+        if isinstance(value, fx.Node):
+            for user in value.users:
+                if user not in seen and user not in env.nodes:
+                    seen.add(user)
+                    candidates.append(user)
+    if not candidates:
+        graph = roots[0].graph
+        candidates = [n for n in graph.nodes if n not in seen and n not in env.nodes]
+    candidates.sort()
+    for candidate in candidates:
+        state = env.snapshot()
+        if matcher.match(pattern, candidate):
+            return candidate
+        env.restore(state)
+    return None

@@ -1,0 +1,576 @@
+"""Rules compiled to matcher programs, and the index that finds candidate rules for a node.
+
+A pattern AST becomes a tree of ``P*`` nodes whose targets are resolved Python
+objects (functions, method names, module classes) and whose argument lists are
+pre-bound to the target's signatures. A replacement becomes a tree of ``R*``
+templates. Rules are indexed by the (op, target) of their first root, so a
+node is only ever tried against the rules that can match it.
+
+Compiling needs torch; it happens once per rule set (cached on the RuleSet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Optional, Union
+
+import fxrules.lang.ast as A
+import fxrules.engine.signatures as signatures
+from fxrules.lang.diagnostics import Diagnostic, RuleFileError
+from fxrules.lang.names import builtin_path, expand
+from fxrules.lang.ruleset import CheckedRule, RuleSet
+
+# ---------------------------------------------------------------------------
+# Pattern programs
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PCapture:
+    name: str
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PWildcard:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PLiteral:
+    value: Any
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PConst:
+    value: Any
+    label: str
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PRef:
+    name: str
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PSeq:
+    items: tuple
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PAlt:
+    options: tuple
+
+
+@dataclass(frozen=True, slots=True)
+class PBind:
+    inner: Any
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PGetAttr:
+    qualname: Optional[str]
+    capture: Optional[str]
+    span: A.Span
+
+
+@dataclass(frozen=True, slots=True)
+class PCall:
+    """A call pattern. ``args is None``: any arguments. ``overloads``: (signature, param -> P) pairs."""
+
+    op: str
+    targets: tuple  # functions, method names, or module classes
+    label: str
+    args: Optional[tuple]
+    kwargs: tuple  # ((name, P), ...)
+    rest: bool  # ends with `...`
+    overloads: tuple  # ((inspect.Signature, {param: P}), ...); empty: compare as written
+    attrs: tuple  # ((name, P), ...) module attribute constraints
+    span: A.Span
+
+
+Pattern = Union[PCapture, PWildcard, PLiteral, PConst, PRef, PSeq, PAlt, PBind, PGetAttr, PCall]
+
+# ---------------------------------------------------------------------------
+# Replacement templates
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RValue:
+    """A capture (``$x``) or a node named with ``as``."""
+
+    name: str
+    is_capture: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RLiteral:
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RSeq:
+    items: tuple
+    kind: type  # list or tuple
+
+
+@dataclass(frozen=True, slots=True)
+class RNewModule:
+    cls: type
+    attrs: tuple  # ((name, R), ...)
+
+
+@dataclass(frozen=True, slots=True)
+class RBuilder:
+    function: Any
+    label: str
+    names: tuple[str, ...]  # `as` names of matched modules; "$x" for a capture (a parameter or a constant)
+
+
+@dataclass(frozen=True, slots=True)
+class RReuse:
+    name: str  # a matched call_module node, called again
+
+
+@dataclass(frozen=True, slots=True)
+class RCall:
+    """A node to create. ``args is None``: forward the arguments of root ``root_index``."""
+
+    op: str
+    target: Any  # function, method name, or RNewModule/RBuilder/RReuse
+    label: str
+    args: Optional[tuple]
+    kwargs: tuple
+    rest: bool
+    root_index: int
+    span: A.Span
+
+
+Replacement = Union[RValue, RLiteral, RSeq, RCall]
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """One compiled rule."""
+
+    rule: CheckedRule
+    roots: tuple  # Pattern per root
+    conditions: tuple  # A.Cond
+    replacements: tuple  # Replacement per root
+    keys: tuple  # index keys of the first root
+    needs_metadata: bool  # a condition reads shape/dtype of a node
+    requires: tuple = ()  # PCall patterns that must each match an input node of the first root (see _requires)
+    module_calls: tuple = ()  # replacement RCalls that construct a module (builder or class), in build order
+    requires_keys: tuple = ()  # per `requires` pattern: frozenset of the (op, target) it matches, or None
+    reads: tuple = ()  # what the replacements read from a match (see _reads), computed once
+    prefilter: Optional[frozenset] = None  # the one requires_keys set, when that is the whole pre-check
+
+    def __post_init__(self) -> None:
+        keys = tuple(_match_keys(p) for p in self.requires)
+        object.__setattr__(self, "requires_keys", keys)
+        object.__setattr__(self, "reads", _reads(self.replacements))
+        object.__setattr__(self, "prefilter", keys[0] if len(keys) == 1 else None)
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+
+# ---------------------------------------------------------------------------
+# Compiling
+# ---------------------------------------------------------------------------
+
+_METADATA_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "numel", "is_contiguous", "requires_grad"})
+
+
+class RuleCompiler:
+    def __init__(self, rule: CheckedRule, rule_set: RuleSet):
+        self.rule = rule
+        self.resolver = rule_set.resolver
+        self.aliases = rule.aliases
+        self.sources = rule_set.sources
+
+    def fail(self, span: A.Span, code: str, message: str) -> RuleFileError:
+        return RuleFileError([Diagnostic.at(span, code, message)], dict(self.sources))
+
+    def resolve(self, path: str, span: A.Span, code: str) -> Any:
+        resolution = self.resolver.resolve(path)
+        if not resolution.ok:
+            raise self.fail(span, code if resolution.status in ("unavailable", "unknown-target") else resolution.status,
+                            resolution.message or f"`{path}` does not resolve")
+        return resolution.value
+
+    def full(self, dotted: A.Dotted) -> str:
+        return expand(dotted.parts, self.aliases) or dotted.text
+
+    def function(self, dotted: A.Dotted) -> Any:
+        if len(dotted.parts) == 1 and dotted.parts[0] not in self.aliases:
+            path = builtin_path(dotted.parts[0]) or self.full(dotted)
+        else:
+            path = self.full(dotted)
+        return self.resolve(path, dotted.span, "unknown-target")
+
+    def module_class(self, dotted: A.Dotted) -> type:
+        if len(dotted.parts) == 1 and dotted.parts[0] not in self.aliases:
+            path = "torch.nn." + dotted.parts[0]
+        else:
+            path = self.full(dotted)
+        return self.resolve(path, dotted.span, "unknown-module-type")
+
+    # -- patterns ----------------------------------------------------------------
+    def pattern(self, expr: A.Expr) -> Pattern:
+        if isinstance(expr, A.Capture):
+            return PCapture(expr.name, expr.span)
+        if isinstance(expr, A.Wildcard):
+            return PWildcard()
+        if isinstance(expr, A.Literal):
+            return PLiteral(expr.value, expr.span)
+        if isinstance(expr, A.Name):
+            if len(expr.dotted.parts) == 1:
+                return PRef(expr.dotted.parts[0], expr.span)
+            return PConst(self.resolve(self.full(expr.dotted), expr.span, "unknown-target"), expr.dotted.text,
+                          expr.span)
+        if isinstance(expr, (A.ListExpr, A.TupleExpr)):
+            return PSeq(tuple(self.pattern(i) for i in expr.items), expr.span)
+        if isinstance(expr, A.Alt):
+            return PAlt(tuple(self.pattern(o) for o in expr.options))
+        if isinstance(expr, A.Bind):
+            return PBind(self.pattern(expr.expr), expr.name)
+        if isinstance(expr, A.GetAttr):
+            target = expr.target
+            return PGetAttr(target.text if isinstance(target, A.Dotted) else None,
+                            target.name if isinstance(target, A.Capture) else None, expr.span)
+        if isinstance(expr, A.Call):
+            return self.call_pattern(expr)
+        raise self.fail(expr.span, "bad-pattern", "this cannot be matched")  # pragma: no cover - checker rejects
+
+    def call_pattern(self, call: A.Call) -> PCall:
+        if call.op == "call_function":
+            targets: tuple = (self.function(call.target),)
+            sigs = signatures.for_function(targets[0])
+        elif call.op == "call_method":
+            targets = (call.target.parts[0],)
+            sigs = signatures.for_method(call.target.parts[0])
+        else:
+            targets = (self.module_class(call.target),)
+            sigs = signatures.for_module(targets[0])
+        attrs = tuple((k.name, self.pattern(k.value)) for k in call.attrs or ())
+        if call.args is None:
+            return PCall(call.op, targets, call.target.text, None, (), True, (), attrs, call.span)
+        rest = call.has_ellipsis
+        positional = tuple(self.pattern(a) for a in call.args if not isinstance(a, A.Ellipsis_))
+        keywords = tuple((k.name, self.pattern(k.value)) for k in call.kwargs)
+        overloads = []
+        for sig in sigs:  # for call_method, the first argument is `self`, as in torch.NAME(input, ...)
+            bound = signatures.bind(sig, positional, dict(keywords), partial=rest)
+            if bound is not None:
+                overloads.append((sig, {name: _seq(value) for name, value in bound.items()}))
+        # No signature fits (e.g. `x.reshape(2, -1)`: the method takes *shape, torch.reshape a
+        # tuple): compare the arguments as written. The checker accepted the rule, so it must apply.
+        return PCall(call.op, targets, call.target.text, positional, keywords, rest, tuple(overloads), attrs, call.span)
+
+    # -- replacements ----------------------------------------------------------------
+    def replacement(self, expr: A.Expr, root_index: int) -> Replacement:
+        if isinstance(expr, A.Capture):
+            return RValue(expr.name, True)
+        if isinstance(expr, A.Literal):
+            return RLiteral(expr.value)
+        if isinstance(expr, A.Name):
+            if len(expr.dotted.parts) == 1:
+                return RValue(expr.dotted.parts[0], False)
+            return RLiteral(self.resolve(self.full(expr.dotted), expr.span, "unknown-target"))
+        if isinstance(expr, A.ListExpr):
+            return RSeq(tuple(self.replacement(i, root_index) for i in expr.items), list)
+        if isinstance(expr, A.TupleExpr):
+            return RSeq(tuple(self.replacement(i, root_index) for i in expr.items), tuple)
+        if isinstance(expr, A.GetAttr) and isinstance(expr.target, A.Capture):
+            return RValue(expr.target.name, True)
+        if isinstance(expr, A.Call):
+            return self.call_replacement(expr, root_index)
+        raise self.fail(expr.span, "bad-replacement", "this cannot be built")  # pragma: no cover - checker rejects
+
+    def call_replacement(self, call: A.Call, root_index: int) -> RCall:
+        if call.op == "call_function":
+            target: Any = self.function(call.target)
+        elif call.op == "call_method":
+            target = call.target.parts[0]
+        elif call.builder_args is not None:
+            function = self.resolve(self.full(call.target), call.target.span, "unknown-builder")
+            # matched module names, and captures as "$name" (their values: parameters or constants)
+            target = RBuilder(function, call.target.text, tuple(
+                "$" + a.name if isinstance(a, A.Capture) else a.dotted.parts[0] for a in call.builder_args))
+        elif len(call.target.parts) == 1 and call.target.parts[0] in self.bound_names:
+            target = RReuse(call.target.parts[0])
+        else:
+            cls = self.module_class(call.target)
+            target = RNewModule(cls, tuple((k.name, self.replacement(k.value, root_index)) for k in call.attrs or ()))
+        if call.args is None:
+            return RCall(call.op, target, call.target.text, None, (), False, root_index, call.span)
+        args = tuple(self.replacement(a, root_index) for a in call.args if not isinstance(a, A.Ellipsis_))
+        kwargs = tuple((k.name, self.replacement(k.value, root_index)) for k in call.kwargs)
+        return RCall(call.op, target, call.target.text, args, kwargs, call.has_ellipsis, root_index, call.span)
+
+    # -- the rule ------------------------------------------------------------------
+    def program(self) -> Program:
+        ast = self.rule.ast
+        self.bound_names = _bound_names(ast.patterns)
+        roots = tuple(self.pattern(p) for p in ast.patterns)
+        replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
+        return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
+                       any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]),
+                       _module_calls(replacements))
+
+
+READ_CAPTURE, READ_NAME, READ_ROOT_ARGUMENTS, READ_REST, READ_MODULE_NAME = range(5)
+
+
+def _reads(replacements: tuple) -> tuple:
+    """What the replacements read from a match, as ``(kind, key)`` pairs: a capture or an ``as``
+    name used as a value, the arguments of a root a call forwards (``key``: the root's index),
+    what ``...`` took, and the ``as`` names of matched modules a call re-calls or a builder takes.
+    The planner turns them into the nodes the replacement uses."""
+    found: dict = {}
+    stack = list(replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RValue):
+            found[(READ_CAPTURE if item.is_capture else READ_NAME, item.name)] = None
+        elif isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            if item.args is None:
+                found[(READ_ROOT_ARGUMENTS, item.root_index)] = None
+            else:
+                stack.extend(item.args)
+                stack.extend(v for _, v in item.kwargs)
+                if item.rest:
+                    found[(READ_REST, None)] = None
+            target = item.target
+            if isinstance(target, RBuilder):
+                found.update(((READ_MODULE_NAME, n), None) for n in target.names if not n.startswith("$"))
+            elif isinstance(target, RReuse):
+                found[(READ_MODULE_NAME, target.name)] = None
+            elif isinstance(target, RNewModule):
+                stack.extend(v for _, v in target.attrs)
+    return tuple(found)
+
+
+def _module_calls(replacements: tuple) -> tuple:
+    """The replacement calls that construct a module, in the order they are built (last item first,
+    depth first): a rewrite makes every module before it touches the graph."""
+    found = []
+    stack = list(replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            stack.extend(item.args or ())
+            stack.extend(v for _, v in item.kwargs)
+            if isinstance(item.target, (RBuilder, RNewModule)):
+                found.append(item)
+    return tuple(found)
+
+
+def _seq(value: Any) -> Any:
+    """A var-positional parameter binds a tuple of patterns: match it as a sequence."""
+    if isinstance(value, tuple):
+        return PSeq(value)
+    return value
+
+
+def _bound_names(patterns) -> set[str]:
+    names: set[str] = set()
+    stack = list(patterns)
+    while stack:
+        expr = stack.pop()
+        if isinstance(expr, A.Bind):
+            names.add(expr.name)
+            stack.append(expr.expr)
+        elif isinstance(expr, A.Alt):
+            stack.extend(expr.options)
+        elif isinstance(expr, A.Call):
+            stack.extend(a for a in expr.args or ())
+            stack.extend(k.value for k in expr.kwargs)
+        elif isinstance(expr, (A.ListExpr, A.TupleExpr)):
+            stack.extend(expr.items)
+    return names
+
+
+def _keys(pattern: Pattern) -> tuple:
+    """Index keys of a root pattern: ("call_function", fn), ("call_method", name), ("call_module", cls), ("get_attr",)."""
+    if isinstance(pattern, PBind):
+        return _keys(pattern.inner)
+    if isinstance(pattern, PAlt):
+        return tuple(k for option in pattern.options for k in _keys(option))
+    if isinstance(pattern, PGetAttr):
+        return (("get_attr", None),)
+    if isinstance(pattern, PCall):
+        return tuple((pattern.op, t) for t in pattern.targets)
+    return ()
+
+
+def _requires(root: Pattern) -> tuple:
+    """The call patterns among the first root's direct arguments: a cheap test before matching.
+
+    Each must match a node among the root node's inputs (a call pattern only matches a graph
+    node, and an argument's node is an input), so a node none of whose inputs has the pattern's
+    op and target cannot match: the engine skips it without binding arguments. Empty (no test)
+    when the pattern reads module attributes anywhere: matching reads them (which may raise)
+    before it gets to the arguments, and skipping must not hide such an error.
+    """
+    while isinstance(root, PBind):
+        root = root.inner
+    if not isinstance(root, PCall) or root.args is None or _reads_attrs(root):
+        return ()
+    found = []
+    for arg in tuple(root.args) + tuple(v for _, v in root.kwargs):
+        while isinstance(arg, PBind):
+            arg = arg.inner
+        if isinstance(arg, PCall):
+            found.append(arg)
+    return tuple(found)
+
+
+def _match_keys(pattern: "PCall") -> Optional[frozenset]:
+    """The (op, target) pairs of nodes a call_function/call_method pattern can match, for a set
+    test (equal targets hash alike); None for module patterns (matched by the module's class)
+    and unhashable targets."""
+    if pattern.op not in ("call_function", "call_method"):
+        return None
+    try:
+        return frozenset((pattern.op, t) for t in pattern.targets)
+    except TypeError:
+        return None
+
+
+def _reads_attrs(pattern: Pattern) -> bool:
+    stack = [pattern]
+    while stack:
+        p = stack.pop()
+        if isinstance(p, PCall):
+            if p.attrs:
+                return True
+            stack.extend(p.args or ())  # the overloads bind these same pattern objects
+            stack.extend(v for _, v in p.kwargs)
+        elif isinstance(p, PAlt):
+            stack.extend(p.options)
+        elif isinstance(p, PSeq):
+            stack.extend(p.items)
+        elif isinstance(p, PBind):
+            stack.append(p.inner)
+    return False
+
+
+def _reads_metadata(cond: A.Cond) -> bool:
+    stack = [cond]
+    while stack:
+        c = stack.pop()
+        if isinstance(c, A.CAttr):
+            if c.attr in _METADATA_ATTRS and not isinstance(c.value, A.CAttr):
+                return True
+            stack.append(c.value)
+        elif isinstance(c, A.CIndex):
+            stack.extend((c.value, c.index))
+        elif isinstance(c, A.CCall):
+            stack.append(c.func)
+            stack.extend(c.args)
+        elif isinstance(c, A.CList):
+            stack.extend(c.items)
+        elif isinstance(c, A.CUnary):
+            stack.append(c.operand)
+        elif isinstance(c, A.CBinary):
+            stack.extend((c.left, c.right))
+    return False
+
+
+# ---------------------------------------------------------------------------
+# The index
+# ---------------------------------------------------------------------------
+
+
+_CLASS_CACHE_SIZE = 4096
+"""Module classes whose candidates a CompiledRules remembers; beyond this it starts over (it holds
+the classes alive, and every GraphModule instance has a class of its own)."""
+
+
+@dataclass(frozen=True)
+class CompiledRules:
+    """All programs of a rule set and the (op, target) index over their first roots."""
+
+    programs: tuple
+    by_key: dict  # key -> tuple of programs, in rule order
+    module_keys: bool  # whether any rule's root is a call_module (needs module lookups per node)
+    by_class: dict = field(default_factory=dict, compare=False)  # module class -> candidates, filled on use
+
+    def candidates(self, node, module_of) -> tuple:
+        """Programs whose first root can match ``node`` (in rule order)."""
+        op = node.op
+        if op == "call_module":
+            if not self.module_keys:
+                return ()
+            module = module_of(node.target)
+            if module is None:
+                return ()
+            cls = type(module)
+            found = self.by_class.get(cls)
+            if found is None:
+                if len(self.by_class) >= _CLASS_CACHE_SIZE:  # each GraphModule has a class of its own
+                    self.by_class.clear()
+                found = self.by_class.setdefault(cls, self._for_class(cls))
+            return found
+        if op == "get_attr":
+            return self.by_key.get(("get_attr", None), ())
+        if op in ("call_function", "call_method"):
+            try:
+                return self.by_key.get((op, node.target), ())
+            except TypeError:  # an unhashable target
+                return ()
+        return ()
+
+
+    def scan(self, nodes: Iterable, module_of) -> Iterator[tuple]:
+        """``(node, candidates)`` for each of ``nodes`` that has candidates: what calling
+        :meth:`candidates` per node gives, with the common case (a call_function or call_method
+        node whose target no rule roots on) decided inline, without a call per node."""
+        get = self.by_key.get
+        for node in nodes:
+            op = node.op
+            if op == "call_function" or op == "call_method":
+                try:
+                    found = get((op, node.target))
+                except TypeError:  # an unhashable target
+                    continue
+            else:
+                found = self.candidates(node, module_of)
+            if found:
+                yield node, found
+
+    def _for_class(self, cls: type) -> tuple:
+        """Programs rooted on ``cls`` or a base class of it, in rule order."""
+        found: list = []
+        for base in cls.__mro__:
+            found.extend(self.by_key.get(("call_module", base), ()))
+        found.sort(key=lambda p: p.rule.index)
+        return tuple(found)
+
+
+def compile_rules(rule_set: RuleSet) -> CompiledRules:
+    """Compile every rule once; the result is cached for the rule set's lifetime."""
+    found = rule_set.cache.get("compiled")
+    if found is not None:
+        return found
+    programs = tuple(RuleCompiler(rule, rule_set).program() for rule in rule_set.rules)
+    by_key: dict = {}
+    for program in programs:
+        for key in dict.fromkeys(program.keys):
+            by_key.setdefault(key, []).append(program)
+    compiled = CompiledRules(programs, {k: tuple(v) for k, v in by_key.items()},
+                             any(k[0] == "call_module" for k in by_key))
+    return rule_set.cache.setdefault("compiled", compiled)

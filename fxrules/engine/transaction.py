@@ -1,0 +1,825 @@
+"""Edit a copy, never the caller's model; commit by building one new GraphModule at the end.
+
+A :class:`Workpiece` holds the graph being rewritten (a copy, or a fresh trace),
+a read-only view of the caller's module hierarchy, and an overlay of the
+modules the rewrite creates. Nothing of the caller's model is ever written:
+the result is assembled once, in :meth:`Workpiece.commit`, as a new
+``GraphModule`` that references exactly the modules, parameters and buffers
+its graph uses (so nothing the rewrite made unused is left behind), compiled
+once. If anything fails before that, the workpiece is dropped and the caller's
+model is as it was.
+
+Leaf modules and parameters that the rewrite keeps are shared with the input,
+as ``torch.fx.symbolic_trace`` shares them with the traced model.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch import fx, nn
+from torch.fx.immutable_collections import immutable_dict, immutable_list
+
+from fxrules.engine.errors import ModelError
+from fxrules.engine.matcher import Match
+from fxrules.engine.planner import Effects, Plan
+from fxrules.engine.program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
+from fxrules.engine.report import Applied
+
+_INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr", "custom")
+_MODULE_INTERNALS = frozenset({
+    "training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_graph", "_code",
+    "_lineno_map", "_prologue_start", "_tracer_cls", "_tracer_extras", "meta", "_replace_hooks",
+    "_create_node_hooks", "_erase_node_hooks", "_deepcopy_hooks", "_backward_pre_hooks", "_backward_hooks",
+    "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl", "forward", "_in_spec",
+    "_out_spec",
+})
+
+
+def copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A copy of ``graph``: the nodes ``copy.deepcopy(graph)`` makes, in a fraction of the time.
+
+    The same nodes in the same order, with the same names, ops, targets, types, arguments
+    (mapped to the new nodes) and shallow copies of ``meta``; a deep copy of the code
+    generator. The copy's name table is the original's (every name it ever handed out, and
+    its per-base counters), so a node created in the copy gets the name it would get in the
+    original: the rewrite names new nodes as an in-place edit would. ``Graph.node_copy``
+    instead re-derives each name through ``_Namespace.create_name`` (a regular expression
+    per node: half the time of a deepcopy at 20,000 nodes), scans every argument for raw
+    symbolic values and goes through ``Node.__setattr__`` for ``meta``. Falls back to
+    ``copy.deepcopy`` on a torch whose Graph lacks the internals used here.
+    """
+    new = fx.Graph(tracer_cls=graph._tracer_cls)
+    namespace, source = getattr(new, "_graph_namespace", None), getattr(graph, "_graph_namespace", None)
+    table = getattr(new, "_find_nodes_lookup_table", None)
+    if table is None or not isinstance(getattr(new, "_len", None), int) \
+            or not all(isinstance(getattr(ns, attr, None), kind) for ns in (namespace, source)
+                       for attr, kind in _NAMESPACE_STATE):
+        return copy.deepcopy(graph)
+    env: dict = {}
+    get = env.__getitem__
+    names = namespace._obj_to_name
+    # The graph's own methods without their Python wrappers where torch 2.x has the parts:
+    # ``Node.prepend`` calls ``_prepend``; the lookup table's ``insert`` files a node under
+    # ``(op, target if op == "call_function" else None)`` in a defaultdict.
+    insert = getattr(new._root, "_prepend", None) if new._insert == new._root.prepend else None
+    insert = insert or new._insert
+    store = getattr(table, "table", None)
+    filed = isinstance(store, collections.defaultdict) and store.default_factory is dict \
+        and _TABLE_METHODS is not None and (type(table).insert, type(table)._key) == _TABLE_METHODS
+    map_arg, make = fx.node.map_arg, fx.Node
+    for node in graph.nodes:  # the output node too: it keeps its name
+        args, kwargs = node.args, node.kwargs
+        copied = make(new, node.name, node.op, node.target, map_arg(args, get) if args else (),
+                      map_arg(kwargs, get) if kwargs else {}, node.type)
+        meta = node.meta
+        if type(meta) is dict and type(copied.meta) is dict and not copied.meta:
+            copied.meta.update(meta)
+        else:
+            copied.meta = copy.copy(meta)
+        names[copied] = node.name
+        insert(copied)
+        if filed:
+            op = node.op
+            store[(op, node.target if op == "call_function" else None)][copied] = None
+        else:
+            table.insert(copied)
+        env[node] = copied
+    new._len += len(env)
+    namespace._used_names.update(source._used_names)
+    namespace._base_count.update(source._base_count)
+    new._codegen = copy.deepcopy(graph._codegen)
+    return new
+
+
+_TABLE = getattr(torch.fx.graph, "_FindNodesLookupTable", None)
+_TABLE_METHODS = (_TABLE.insert, _TABLE._key) if hasattr(_TABLE, "insert") and hasattr(_TABLE, "_key") else None
+"""torch.fx's own lookup-table insert and key (``copy_graph`` inlines them only when a graph's table
+uses exactly these)."""
+
+_NAMESPACE_STATE = (("_obj_to_name", dict), ("_used_names", set), ("_base_count", dict))
+"""The parts of torch.fx's ``_Namespace`` that ``copy_graph`` carries over (torch 2.x)."""
+
+
+def _modules_by_path(root: nn.Module) -> dict:
+    """``dict(root.named_modules(remove_duplicate=False))`` (every path, shared modules under each),
+    walked without a generator per module: a third of the time on deep models."""
+    found: dict = {"": root}
+    stack = [("", root)]
+    while stack:
+        prefix, module = stack.pop()
+        for name, child in module._modules.items():
+            if child is None:
+                continue
+            path = f"{prefix}.{name}" if prefix else name
+            found[path] = child
+            if child._modules:
+                stack.append((path, child))
+    return found
+
+
+def _has_node_internals(graph: fx.Graph) -> bool:
+    """Whether ``graph`` has the torch.fx internals :meth:`Workpiece.new_node` uses (torch 2.x)."""
+    namespace = getattr(graph, "_graph_namespace", None)
+    return (hasattr(namespace, "create_name") and hasattr(namespace, "associate_name_with_obj")
+            and hasattr(graph, "_find_nodes_lookup_table") and isinstance(getattr(graph, "_len", None), int)
+            and hasattr(graph, "_insert") and hasattr(graph, "_target_to_str") and hasattr(graph, "_owning_module"))
+
+
+class Workpiece:
+    """The graph being rewritten and the modules it refers to."""
+
+    def __init__(self, graph: fx.Graph, root: nn.Module, *, class_name: str, donor: Optional[nn.Module] = None,
+                 extra_attrs: Optional[dict] = None):
+        self.graph = graph
+        self.root = root  # read only
+        self.class_name = class_name
+        self.donor = donor
+        self.training = root.training
+        self._modules: Optional[dict] = None
+        self.new_modules: dict[str, nn.Module] = {}
+        self._lookup: Optional[dict] = None  # modules, then new_modules over them: what module_of reads
+        self.extra_attrs: dict[str, Any] = dict(extra_attrs or {})
+        self._taken: Optional[set] = None
+        self._callers: Optional[dict] = None  # call_module target -> {node: None}, built on first use
+        self._read_below: Optional[dict] = None  # dotted prefix -> get_attr nodes reading strictly inside it
+        self.notes: list[str] = []
+        self.has_values = any("val" in n.meta for n in graph.find_nodes(op="placeholder"))
+        self._node_names: dict = {}  # (op, target) -> the base name torch gives such a node
+        self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
+        self.effects = Effects(self.module_of)
+        self._plain_graph = _has_node_internals(graph)
+
+    # -- creating nodes ----------------------------------------------------------
+    def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
+        """A node at the graph's insert point: what ``Graph.create_node`` makes, with the same name.
+
+        ``create_node`` also walks every argument with pytree to warn about raw symbolic
+        values (which a rewrite only ever passes on from nodes the graph already had) and
+        derives the base name from the target each time: together about half the cost of
+        a rewrite that makes one node. Graphs whose owner installed node-creation hooks go
+        through ``create_node`` so the hooks run.
+        """
+        graph = self.graph
+        owner = graph._owning_module if self._plain_graph else None
+        if not self._plain_graph or (owner is not None and getattr(owner, "_create_node_hooks", None)):
+            return graph.create_node(op, target, args, kwargs)
+        try:
+            key = (op, target)
+            base = self._node_names.get(key)
+        except TypeError:  # an unhashable target
+            key, base = None, None
+        if base is None:
+            base = graph._target_to_str(target)
+            if key is not None:
+                self._node_names[key] = base
+        namespace = graph._graph_namespace
+        name = namespace.create_name(base, None)
+        node = fx.Node(graph, name, op, target, args, kwargs)
+        namespace.associate_name_with_obj(name, node)
+        graph._insert(node)
+        graph._find_nodes_lookup_table.insert(node)
+        graph._len += 1
+        return node
+
+    # -- lookups ---------------------------------------------------------------
+    @property
+    def modules(self) -> dict:
+        if self._modules is None:
+            self._modules = _modules_by_path(self.root)
+        return self._modules
+
+    def module_of(self, target: str) -> Any:
+        """The module a call_module target names: one the rewrite made, else the input's."""
+        lookup = self._lookup
+        if lookup is None:
+            lookup = self._lookup = {**self.modules, **self.new_modules}
+        return lookup.get(target)
+
+    def attr_of(self, target: str) -> Any:
+        if target in self.extra_attrs:
+            return self.extra_attrs[target]
+        if target in self.new_modules:
+            return self.new_modules[target]
+        value: Any = self.root
+        for part in target.split("."):
+            value = getattr(value, part)
+        return value
+
+    def unique_name(self, base: str) -> str:
+        if self._taken is None:
+            taken = set(self.modules)
+            taken.update(name for name, _ in self.root.named_parameters(remove_duplicate=False))
+            taken.update(name for name, _ in self.root.named_buffers(remove_duplicate=False))
+            taken.update(self.extra_attrs)
+            taken.update(n.target for n in self.graph.nodes if n.op in ("get_attr", "call_module"))
+            self._taken = taken
+        name = base
+        i = 1
+        while name in self._taken:
+            name = f"{base}_{i}"
+            i += 1
+        self._taken.add(name)
+        return name
+
+    # -- an index of module and attribute users, kept up to date by created() and erased() --
+    def _index(self) -> None:
+        callers: dict = {}
+        below: dict = {}
+        for node in self.graph.nodes:
+            self._add_to_index(node, callers, below)
+        self._callers, self._read_below = callers, below
+
+    @staticmethod
+    def _add_to_index(node: fx.Node, callers: dict, below: dict) -> None:
+        if node.op == "call_module":
+            callers.setdefault(node.target, {})[node] = None
+        elif node.op == "get_attr" and isinstance(node.target, str):
+            parts = node.target.split(".")
+            for i in range(1, len(parts)):
+                below[".".join(parts[:i])] = below.get(".".join(parts[:i]), 0) + 1
+
+    def created(self, node: fx.Node) -> None:
+        if self._callers is not None:
+            self._add_to_index(node, self._callers, self._read_below)
+
+    def erased(self, node: fx.Node) -> None:
+        if self._callers is None:
+            return
+        if node.op == "call_module":
+            users = self._callers.get(node.target)
+            if users is not None:
+                users.pop(node, None)
+        elif node.op == "get_attr" and isinstance(node.target, str):
+            parts = node.target.split(".")
+            for i in range(1, len(parts)):
+                self._read_below[".".join(parts[:i])] -= 1
+
+    def callers_of(self, target: str) -> Any:
+        """The call_module nodes calling ``target``."""
+        if self._callers is None:
+            self._index()
+        return self._callers.get(target, {})
+
+    def reads_inside(self, target: str) -> bool:
+        """Whether a get_attr node reads an attribute inside module ``target`` (``target.x...``)."""
+        if self._callers is None:
+            self._index()
+        return self._read_below.get(target, 0) > 0
+
+    def add_module(self, name: str, module: nn.Module, *, reuse: bool = False) -> str:
+        if not reuse:
+            name = self.unique_name(name)
+        self.new_modules[name] = module
+        if self._lookup is not None:
+            self._lookup[name] = module
+        return name
+
+    # -- commit ----------------------------------------------------------------
+    def check_changed(self) -> None:
+        """What ``Graph.lint`` checks, for the nodes this run created or rewired.
+
+        Every other node is as the input had it, so a whole-graph lint would re-check the
+        input at the cost of a quarter of a recompile (20,000 nodes). A changed node must be
+        in the graph and read only nodes that are in the graph and come before it.
+        """
+        graph = self.graph
+        for node in self.changed:
+            if node._erased or node.graph is not graph:
+                continue
+            for used in node.all_input_nodes:
+                if used._erased or used.graph is not graph:
+                    raise ModelError(f"node %{node.name} uses %{used.name}, which is not in the graph")
+                if not used < node:
+                    raise ModelError(f"node %{node.name} uses %{used.name} before it is computed")
+
+    def commit(self) -> fx.GraphModule:
+        """Check what changed and build the one new GraphModule (the single recompile of the run)."""
+        # The graph may still name its source module as owner (graphs from torch.export do), which
+        # lacks the modules this run created; the new GraphModule below becomes its owner.
+        self.graph._owning_module = None
+        self.check_changed()
+        root: dict = {}
+        for node in self.graph.nodes:
+            if node.op == "call_module":
+                module = self.module_of(node.target)
+                if module is None:
+                    raise ModelError(f"node %{node.name} calls `{node.target}`, which the model does not have")
+                root[node.target] = module
+            elif node.op == "get_attr":
+                root[node.target] = self.attr_of(node.target)
+        module = _assemble(root, self.graph, self.class_name, self.modules)
+        module.training = self.training
+        if self.donor is not None:
+            _carry_state(self.donor, module)
+        return module
+
+
+def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[dict] = None) -> fx.GraphModule:
+    """``fx.GraphModule(root, graph, class_name=...)``, with the module tree built directly.
+
+    GraphModule's constructor puts every target in place with ``getattr``/``setattr`` through
+    ``nn.Module``'s attribute hooks, several per target (a fifth of a recompile at 20,000
+    nodes); here each goes straight into its container's ``_modules``, ``_parameters`` or
+    ``_buffers``, as those hooks would have put it. A container made for a dotted target
+    (``blocks.0`` in ``blocks.0.fc``) takes the training mode of the module at that path in
+    ``originals`` (the input's modules by path), where there is one; GraphModule would leave it
+    in training mode. The module is made around an empty graph of the same tracer, then given
+    ``graph``: that is the one recompile.
+    """
+    originals = originals if originals is not None else {}
+    empty = fx.Graph(tracer_cls=graph._tracer_cls)
+    empty._tracer_extras = graph._tracer_extras
+    module = fx.GraphModule({}, empty, class_name=class_name)
+    made_at: dict = {"": module}  # path -> container created here (the only modules this may write to)
+    class_has: dict = {}  # (class, name) -> whether the class has that attribute
+    for target in sorted(root, key=lambda t: t.count(".")):  # containers before what is inside them
+        value = root[target]
+        path, _, field = target.rpartition(".")
+        parent = made_at.get(path)
+        if parent is None:
+            parent = _container(module, path, made_at, originals, target)
+        if made_at.get(path) is not parent:  # inside a module the graph also uses as a whole (the input's)
+            if getattr(parent, field, None) is not value:
+                raise ModelError(f"cannot place `{target}`: it would change module `{path}`, which "
+                                 f"the input model shares")
+            continue
+        key = (type(parent), field)
+        has = class_has.get(key)
+        if has is None:
+            has = class_has[key] = hasattr(key[0], field)
+        plain_tensor = isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
+        if has or field in parent.__dict__ or not isinstance(value, (nn.Module, torch.Tensor)):
+            # a name the module class or instance already has, or not a module or tensor: exactly
+            # GraphModule's way (its checks and errors included)
+            if plain_tensor:
+                parent.register_buffer(field, value)
+            else:
+                setattr(parent, field, value)
+        elif isinstance(value, nn.Module):
+            parent._modules[field] = value
+        elif plain_tensor:  # a plain tensor attribute becomes a buffer, as GraphModule makes it
+            parent._buffers[field] = value
+        else:
+            parent._parameters[field] = value
+    with _quiet_lookup_table(graph):
+        module.graph = graph  # the one recompile
+    return module
+
+
+def _container(module: nn.Module, path: str, made_at: dict, originals: dict, target: str) -> nn.Module:
+    """The module at ``path`` below ``module``, making the containers missing on the way (and
+    recording them in ``made_at``)."""
+    parent: nn.Module = module
+    walked = ""
+    for item in path.split("."):
+        walked = f"{walked}.{item}" if walked else item
+        child = parent._modules.get(item)
+        if child is None:
+            if item in parent.__dict__ or item in parent._parameters or item in parent._buffers:
+                raise ModelError(f"cannot place `{target}`: `{item}` on its path is not a module")
+            child = nn.Module()
+            original = originals.get(walked)
+            if original is not None:
+                child.training = original.training
+            parent._modules[item] = child
+            made_at[walked] = child
+        parent = child
+    return parent
+
+
+class _QuietLookupTable:
+    """Stands in for a graph's ``_find_nodes_lookup_table`` while the graph is recompiled.
+
+    ``Graph.python_code`` sets ``_repr_fn`` on every node twice (to name nodes in the
+    generated code, then back), and each ``Node.__setattr__`` asks the lookup table whether
+    it holds the node and, if it does, takes the node out and puts it back in: an eighth to a
+    fifth of the recompile (measured at 5,000 and 20,000 nodes), for an attribute that is not
+    part of the table's key. This view shares the real table's storage, so ``find_nodes``,
+    ``insert`` and ``remove`` act on the real table; only membership answers no, which makes
+    ``__setattr__`` skip the remove/insert. Code generation changes no node's op or target
+    (the key), so the table is exactly as it was afterwards.
+    """
+
+    __slots__ = ("_real",)
+
+    def __init__(self, real: Any):
+        self._real = real
+
+    def __contains__(self, node: Any) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@contextlib.contextmanager
+def _quiet_lookup_table(graph: fx.Graph) -> Iterator[None]:
+    """Recompile ``graph`` with :class:`_QuietLookupTable` in place of its lookup table (torch 2.x
+    internals; a graph without the table is left as it is)."""
+    real = graph.__dict__.get("_find_nodes_lookup_table")
+    if real is None or not hasattr(real, "find_nodes"):
+        yield
+        return
+    graph._find_nodes_lookup_table = _QuietLookupTable(real)
+    try:
+        yield
+    finally:
+        graph._find_nodes_lookup_table = real
+
+
+def _carry_state(donor: nn.Module, module: fx.GraphModule) -> None:
+    """Keep what a GraphModule input carried besides its graph: meta, export specs, hooks."""
+    module.meta = dict(getattr(donor, "meta", {}) or {})
+    for key, value in donor.__dict__.items():
+        if "hooks" in key and isinstance(value, (dict, set)) and value:
+            setattr(module, key, copy.copy(value))
+        elif key not in module.__dict__ and key not in _MODULE_INTERNALS and not key.startswith("__"):
+            module.__dict__[key] = value
+    for key in ("_in_spec", "_out_spec"):
+        if key in donor.__dict__:
+            module.__dict__[key] = donor.__dict__[key]
+
+
+# ---------------------------------------------------------------------------
+# Applying one match
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """A builder argument that cannot be handed over, and why."""
+
+    reason: str
+
+
+class _ReplacementWriter:
+    def __init__(self, work: Workpiece, match: Match):
+        self.work = work
+        self.match = match
+        self.env = match.bindings
+        self.created: list[fx.Node] = []
+        self.meta_source: fx.Node = match.roots[0]
+        self.reused_names: set[str] = set()
+        self.premade: dict = {}  # id(RCall) -> (module, reference module, base name)
+        self.origin: Optional[tuple] = None  # (rule name, rule file:line) for the new nodes' meta
+        self.kept: list[fx.Node] = []  # matched nodes the replacement uses as they are (matched_equal)
+
+    def make_modules(self) -> Optional[str]:
+        """Construct every module the replacement needs, before the graph is touched.
+
+        Returns None, or why the match is refused: a builder raising
+        :class:`fxrules.builders.BuilderError` declines these inputs (any other exception is
+        a failure and propagates).
+        """
+        calls = self.match.program.module_calls
+        if not calls:
+            return None
+        from fxrules.engine.errors import BuilderError
+
+        for item in calls:
+            spec = item.target
+            root = self.match.roots[item.root_index]
+            if isinstance(spec, RBuilder):
+                inputs, nodes = [], []
+                for name in spec.names:
+                    if name.startswith("$"):
+                        inputs.append(self.builder_argument(name[1:]))
+                    else:
+                        nodes.append(self.env.names[name])
+                        inputs.append(self.work.module_of(nodes[-1].target))
+                refused = next((v for v in inputs if isinstance(v, _Refusal)), None)
+                if refused is not None:
+                    return f"builder {spec.label} declined: {refused.reason}"
+                try:
+                    module = spec.function(*inputs)
+                except BuilderError as exc:
+                    return f"builder {spec.label} declined: {exc}"
+                if not isinstance(module, nn.Module):
+                    raise TypeError(f"builder {spec.label} returned {type(module).__name__}, not an nn.Module")
+                reference = self.work.module_of(nodes[0].target) if nodes else None
+                base = _joined_name([n.target for n in nodes]) if nodes else spec.label.rsplit(".", 1)[-1]
+            elif isinstance(spec, RNewModule):
+                kwargs = {name: self.constructor_value(v) for name, v in spec.attrs}
+                module = spec.cls(**kwargs)
+                reference = self.work.module_of(root.target) if root.op == "call_module" else None
+                base = _snake(spec.cls.__name__)
+            self.premade[id(item)] = (_place_like(module, reference, self.work.training), reference, base)
+        return None
+
+    def builder_argument(self, capture: str) -> Any:
+        """A capture handed to a module builder: a parameter or buffer (read by get_attr) as its tensor,
+        a constant as itself; a value the graph computes cannot be, so the match is declined."""
+        value = self.env.captures[capture]
+        if isinstance(value, fx.Node):
+            if value.op == "get_attr":
+                return self.work.attr_of(value.target)
+            return _Refusal(f"${capture} is computed by node %{value.name}, not a parameter or a constant")
+        if isinstance(value, (list, tuple)) and any(isinstance(v, fx.Node) for v in value):
+            return _Refusal(f"${capture} holds graph values, not constants")
+        return value
+
+    def value(self, item: Any) -> Any:
+        kind = type(item)  # the R* classes are final (frozen, slotted)
+        if kind is RValue:
+            return (self.env.captures if item.is_capture else self.env.names)[item.name]
+        if kind is RCall:
+            return self.call(item)
+        if kind is RLiteral:
+            return item.value
+        if kind is RSeq:
+            return item.kind([self.value(i) for i in item.items])
+        raise AssertionError(item)  # pragma: no cover
+
+    def call(self, item: RCall) -> fx.Node:
+        root = self.match.roots[item.root_index]
+        self.meta_source = root
+        if item.args is None:
+            args, kwargs = tuple(root.args), dict(root.kwargs)
+        else:
+            value = self.value
+            args = tuple([value(a) for a in item.args])
+            kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
+            if item.rest and self.env.rest is not None:
+                args = args + tuple(self.env.rest[0])
+                kwargs.update(self.env.rest[1])
+        # Not Graph.call_module: it looks the new name up in the graph's owning module (set for
+        # graphs from torch.export), where new modules are not yet (they join at commit).
+        target = self.module_target(item, root) if item.op == "call_module" else item.target
+        if item.op != "call_module" or type(item.target) is RReuse:
+            kept = self.matched_equal(item.op, target, args, kwargs)
+            if kept is not None:  # it now stands for the rule's result: it carries what a new node would
+                self.inherit_meta(kept, root)
+                self.kept.append(kept)
+                return kept
+        node = self.work.new_node(item.op, target, args, kwargs)
+        self.work.created(node)
+        self.inherit_meta(node, root)
+        self.created.append(node)
+        return node
+
+    def matched_equal(self, op: str, target: Any, args: tuple, kwargs: dict) -> Optional[fx.Node]:
+        """A matched node, not a root, that computes exactly this call (same op, target and
+        arguments): the replacement keeps it rather than build a copy of it (``relu(relu($x)) ->
+        relu($x)`` keeps the inner relu; ``F.gelu(l($x))`` keeps both nodes it matched). The node
+        is pure (the planner refuses matches with effects), every user it has is in the match
+        (or the planner refuses it), and it already sits before the insertion point, with its
+        own name; reading its inputs where it always did, it also cannot move a read across a
+        mutation. It takes the metadata a new node would take (:meth:`inherit_meta`). Roots are never kept: a rule whose replacement
+        equals its root rewrites forever, and is reported so. Modules the replacement makes
+        are never matched nodes' modules."""
+        roots = self.match.roots
+        for node in self.env.nodes:
+            if node.op != op or node in roots:
+                continue
+            if not (node.target is target or (type(target) is str and node.target == target)):
+                continue
+            if _identical(node.args, args) and _identical(node.kwargs, kwargs):
+                return node
+        return None
+
+    def module_target(self, item: RCall, root: fx.Node) -> str:
+        spec = item.target
+        nodes: list = []
+        if isinstance(spec, RReuse):
+            return self.env.names[spec.name].target
+        module, reference, base = self.premade[id(item)]
+        if isinstance(spec, RBuilder):
+            nodes = [self.env.names[name] for name in spec.names if not name.startswith("$")]
+        # Readable names: the new module takes the name of the module it replaces (a builder's first
+        # input, else the root's) when no node outside the match still calls that name.
+        if isinstance(spec, RBuilder) and nodes:
+            candidates = [n.target for n in nodes if n in self.env.nodes]
+        else:
+            candidates = [root.target] if root.op == "call_module" else []
+        for target in candidates:
+            if target not in self.reused_names and self._only_matched_use(target):
+                self.reused_names.add(target)
+                return self.work.add_module(target, module, reuse=True)
+        if root.op == "call_module" and "." in root.target:
+            base = root.target.rsplit(".", 1)[0] + "." + base.rsplit(".", 1)[-1]
+        return self.work.add_module(base, module)
+
+    def _only_matched_use(self, target: str) -> bool:
+        """No node outside the match calls ``target`` or reads an attribute inside it."""
+        matched = self.env.nodes
+        if not all(n in matched for n in self.work.callers_of(target)):
+            return False
+        return not self.work.reads_inside(target)
+
+    def constructor_value(self, item: Any) -> Any:
+        value = self.value(item)
+        if isinstance(value, fx.Node):
+            raise TypeError("a module constructor argument is bound to a graph node, not a constant")
+        return value
+
+    def inherit_meta(self, node: fx.Node, root: fx.Node) -> None:
+        source, meta = root.meta, node.meta
+        if source:
+            for key in _INHERITED_META:
+                if key in source:
+                    meta[key] = source[key]
+        if self.origin is None:
+            rule = self.match.rule
+            self.origin = (rule.name, rule.source)
+        meta["fxrules"] = {"rule": self.origin[0], "source": self.origin[1]}
+
+
+def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | str":
+    """Rewrite one match. Returns the report entry and the nodes to revisit, or why a builder declined."""
+    writer = _ReplacementWriter(work, match)
+    declined = writer.make_modules()
+    if declined is not None:
+        return declined
+    graph = work.graph
+    with graph.inserting_before(plan.anchor):
+        new_values = [writer.value(r) for r in match.program.replacements]
+    if work.has_values:
+        for node in writer.created:
+            _propagate_value(work, node)
+    touched: set = set(writer.created)
+    touched.update(writer.kept)
+    for root, value in zip(match.roots, new_values):
+        if isinstance(value, fx.Node) and value is not root:
+            if work.has_values and "val" not in value.meta and "val" in root.meta:
+                value.meta["val"] = root.meta["val"]
+            touched.update(root.users)
+            root.replace_all_uses_with(value)
+            touched.add(value)
+    matched_names = tuple(n.name for n in match.roots) + tuple(
+        n.name for n in match.bindings.nodes if n not in match.roots)
+    erased_inputs = _erase_dead(work, list(match.bindings.nodes) + list(match.bindings.attrs), match.bindings.nodes)
+    touched.update(erased_inputs)
+    work.changed.update(touched)
+    for node in list(touched):
+        if node.graph is None or getattr(node, "_erased", False):
+            touched.discard(node)
+    rule = match.rule
+    replaced_by = tuple(v.name if isinstance(v, fx.Node) else repr(v) for v in new_values)
+    return Applied(rule.name, rule.source, matched_names, tuple(n.name for n in writer.created), replaced_by), touched
+
+
+def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
+    """Erase matched nodes left without users, then pure inputs the rewrite left without users.
+
+    ``checked``: nodes already known to have no side effect (the planner refuses a match with an
+    effectful node), so they are not asked again."""
+    graph = work.graph
+    stack = sorted(set(candidates))  # pop() takes the latest node first: users before producers
+    survivors: set = set()
+    seen: set = set()
+    while stack:
+        node = stack.pop()
+        if node in seen or getattr(node, "_erased", False):
+            continue
+        if node.users:
+            survivors.add(node)
+            continue
+        seen.add(node)
+        inputs = list(node.all_input_nodes)
+        graph.erase_node(node)
+        work.erased(node)
+        for inp in inputs:
+            if not inp.users and inp.op not in ("placeholder", "output") \
+                    and (inp in checked or work.effects.side_effect(inp) is None):
+                stack.append(inp)
+            else:
+                survivors.add(inp)
+    # revisit what lost users: patterns rooted there may match now
+    return {n for n in survivors if not getattr(n, "_erased", False)}
+
+
+_SAME_KIND = {immutable_list: list, immutable_dict: dict}
+"""Argument containers a new node stores as another type (a list as torch's immutable_list, a dict
+as immutable_dict): equal kinds for :func:`_identical`."""
+
+
+def _identical(a: Any, b: Any) -> bool:
+    """Whether two node arguments are the same: the same nodes, and constants of the same type
+    that are equal (floats: written the same, so ``-0.0`` is not ``0.0``) in containers of the
+    same kind."""
+    if a is b:  # the same object (a node, mostly) is the same argument
+        return True
+    if isinstance(a, fx.Node) or isinstance(b, fx.Node):
+        return False
+    kind = _SAME_KIND.get(type(a), type(a))
+    if kind is not _SAME_KIND.get(type(b), type(b)):
+        return False
+    if kind is tuple or kind is list:
+        return len(a) == len(b) and all(x is y or _identical(x, y) for x, y in zip(a, b))
+    if kind is dict:
+        return list(a) == list(b) and all(a[k] is b[k] or _identical(a[k], b[k]) for k in a)
+    if kind is float or kind is complex:
+        return repr(a) == repr(b)
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:
+    """New modules live on the device and dtype of the module they replace, in its training mode."""
+    if reference is not None:
+        tensor = next((t for t in _tensors(reference) if t.is_floating_point()), None)
+        if tensor is not None:
+            own = _tensors(module)
+            has_float = any(t.is_floating_point() for t in own)
+            # Module.to moves every tensor to the device and casts floating and complex ones to the
+            # dtype; skip it when nothing would change (it walks the whole module).
+            if any(t.device != tensor.device
+                   or (has_float and (t.is_floating_point() or t.is_complex()) and t.dtype != tensor.dtype)
+                   for t in own):
+                module = module.to(device=tensor.device, dtype=tensor.dtype if has_float else None) \
+                    if has_float else module.to(device=tensor.device)
+        module.train(reference.training)
+    else:
+        module.train(training)
+    return module
+
+
+def _tensors(module: nn.Module) -> list:
+    """The parameters, then the buffers, of ``module`` and its submodules. For a module without
+    submodules (a fold's conv, say) they are read from its own dictionaries, without the
+    generators ``parameters()``/``buffers()`` walk through (a third of a conv+bn rewrite's own
+    time); a tensor registered under two names is then listed twice."""
+    if module._modules:
+        return list(module.parameters()) + list(module.buffers())
+    found = [t for t in module._parameters.values() if t is not None]
+    found.extend(t for t in module._buffers.values() if t is not None)
+    return found
+
+
+def _propagate_value(work: Workpiece, node: fx.Node) -> None:
+    """Recompute meta['val'] of a new node from its inputs' values (fake or meta tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def val(n: fx.Node) -> Any:
+        if "val" in n.meta:
+            return n.meta["val"]
+        if n.op == "get_attr":
+            return work.attr_of(n.target)
+        raise KeyError(n.name)
+
+    try:
+        args = fx.node.map_arg(node.args, val)
+        kwargs = fx.node.map_arg(node.kwargs, val)
+        fake_mode = None
+        for n in node.all_input_nodes:
+            v = n.meta.get("val")
+            if isinstance(v, FakeTensor):
+                fake_mode = v.fake_mode
+                break
+        if node.op == "call_function":
+            function: Callable = node.target
+        elif node.op == "call_method":
+            self_value, *rest = args
+            args = tuple(rest)
+            function = getattr(self_value, node.target)
+        else:
+            function = work.module_of(node.target)
+        if fake_mode is not None:
+            with fake_mode:
+                args = _to_fake(fake_mode, args)
+                kwargs = _to_fake(fake_mode, kwargs)
+                node.meta["val"] = function(*args, **kwargs)
+        else:
+            node.meta["val"] = function(*args, **kwargs)
+    except Exception as exc:  # best effort: say so in the report
+        work.notes.append(f"could not recompute meta['val'] of new node %{node.name}: {type(exc).__name__}: {exc}")
+
+
+def _to_fake(mode: Any, value: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+        return mode.from_tensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_fake(mode, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_fake(mode, v) for k, v in value.items()}
+    return value
+
+
+def _snake(name: str) -> str:
+    """``LeakyReLU`` -> ``leaky_relu``, ``GELU`` -> ``gelu``, ``BatchNorm2d`` -> ``batch_norm2d``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def _joined_name(targets: list) -> str:
+    """``layer1.conv`` + ``layer1.bn`` -> ``layer1.conv_bn``."""
+    if not targets:
+        return "fxrules_module"
+    parents = {t.rsplit(".", 1)[0] if "." in t else "" for t in targets}
+    last = "_".join(t.rsplit(".", 1)[-1] for t in targets)
+    if len(parents) == 1:
+        parent = parents.pop()
+        return f"{parent}.{last}" if parent else last
+    return last

@@ -1,0 +1,82 @@
+"""Reading rule files: bytes to text, with located diagnostics for what is not text."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Union
+
+from fxrules.lang.diagnostics import Diagnostic, RuleFileError
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+"""Larger files are refused before reading (a rule file is untrusted input)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The text of one rule file and the name diagnostics use for it."""
+
+    path: str
+    text: str
+
+
+def decode(data: bytes, path: str) -> Source:
+    """UTF-8 (a leading BOM is dropped) with no NUL bytes, or a located RuleFileError."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line, column = _position(data, nul)
+        raise RuleFileError(
+            [Diagnostic(path, line, column, "binary-input", "the file contains a NUL byte; rule files are UTF-8 text",
+                        end_line=line, end_column=column + 1)]
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _position(data, exc.start)
+        raise RuleFileError(
+            [Diagnostic(path, line, column, "invalid-encoding",
+                        f"the file is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                        end_line=line, end_column=column + 1)]
+        ) from None
+    return Source(path, text)
+
+
+def _position(data: bytes, offset: int) -> tuple[int, int]:
+    line = data.count(b"\n", 0, offset) + 1
+    start = data.rfind(b"\n", 0, offset) + 1
+    column = len(data[start:offset].decode("utf-8", errors="replace")) + 1
+    return line, column
+
+
+def read(path: Union[str, os.PathLike]) -> Source:
+    shown = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_FILE_BYTES:
+            raise RuleFileError(
+                [Diagnostic(shown, 1, 1, "io-error", f"the file is {size} bytes; rule files are limited to {MAX_FILE_BYTES}")]
+            )
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", f"cannot read the file: {exc.strerror or exc}")]) from None
+    return decode(data, shown)
+
+
+def expand(paths: Iterable[Union[str, os.PathLike]]) -> list[str]:
+    """Files as given, and every ``*.fxr`` under each directory, sorted. Missing paths are an io-error."""
+    found: list[str] = []
+    missing: list[Diagnostic] = []
+    for path in paths:
+        shown = os.fspath(path)
+        if os.path.isdir(path):
+            found.extend(sorted(os.fspath(p) for p in Path(path).rglob("*.fxr") if p.is_file()))
+        elif os.path.exists(path):
+            found.append(shown)
+        else:
+            missing.append(Diagnostic(shown, 1, 1, "io-error", "no such file or directory"))
+    if missing:
+        raise RuleFileError(missing)
+    return found

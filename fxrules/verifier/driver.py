@@ -1,0 +1,615 @@
+"""Verification: does every rule keep its contract?
+
+For each rule, two kinds of evidence:
+
+* **host graphs** (:mod:`fxrules.verifier.hosts`): hypothesis draws models that contain the
+  rule's pattern, with module hyperparameters, weights, buffers, input shapes,
+  dtypes and values drawn by the sampler catalogue (:mod:`fxrules.verifier.samplers`). The
+  rule alone is applied; the models before and after run on the same inputs and
+  their outputs are compared by the rule's contract. A failure is shrunk by
+  hypothesis to a small counterexample, and kept in hypothesis' example database
+  so the next run tries it first.
+* **examples** written in the rule file (:mod:`fxrules.verifier.examples`): each positive
+  example must be rewritten (as often as it says) and keep the contract; each
+  negative one (``example 0``) must be left alone.
+
+The property, by contract:
+
+``exact``
+    every output bit-identical (same shape, dtype and values; NaN where NaN was).
+``approx``
+    a rewrite that keeps every output's shape and dtype agrees within
+    ``torch.testing.assert_close``'s tolerance for that dtype; for the low-precision
+    dtypes a larger difference is still accepted when the rewritten model is no
+    further from a float64 reference than 4x the original's own rounding error (a
+    fold computes in another order; it must not be *less* accurate). A rewrite that
+    changes a shape or dtype breaks the contract.
+``changes``
+    the rewritten model runs; the verdict says whether shapes were kept.
+
+Grades: ``validated`` (all evidence agrees), ``wrong`` (a contract broken),
+``noisy`` (a negative example rewritten), ``missing`` (a positive example not
+rewritten as expected), ``unverified`` (no host graphs could be drawn — no sampler
+for one of its ops, or none the rule rewrites — and no positive example),
+``error`` (an example cannot be built or run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import shlex
+import hashlib
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+import torch
+
+from fxrules.lang.diagnostics import FxrulesError
+from fxrules.lang.ruleset import CheckedRule, RuleSet
+
+GRADES = ("validated", "wrong", "noisy", "missing", "unverified", "error")
+_SEVERITY = {"wrong": 5, "error": 4, "noisy": 3, "missing": 2, "unverified": 1, "validated": 0}
+DEFAULT_DTYPES = (torch.float32, torch.float64, torch.float32, torch.float64, torch.float16, torch.bfloat16)
+"""The host dtypes drawn (repeats weigh the draw): mostly float32 and float64, sometimes the half types."""
+
+
+@dataclass(frozen=True)
+class Counterexample:
+    """A host (or example) on which a rule broke its contract, in terms a person can act on."""
+
+    problem: str
+    facts: tuple[str, ...]  # modules with their hyperparameters, inputs with shapes and dtypes
+    max_abs: Optional[float]
+    max_rel: Optional[float]
+    code: str  # the host model's forward before the rewrite
+    reproduce: Optional[str] = None  # hypothesis' @reproduce_failure line
+    command: Optional[str] = None  # the command line that replays exactly this host
+
+    def render(self, indent: str = "    ") -> str:
+        lines = [self.problem]
+        if self.max_abs is not None:
+            lines.append(f"max |difference| = {self.max_abs:.3g}, max relative difference = {self.max_rel:.3g}")
+        lines += list(self.facts)
+        lines.append("host model:")
+        lines += ["  " + line for line in self.code.strip("\n").splitlines()]
+        if self.command:
+            lines.append(f"replay it: {self.command}")
+        elif self.reproduce:
+            lines.append(f"reproduce: {self.reproduce}")
+        return "\n".join(indent + line for line in lines)
+
+    def to_json(self) -> dict:
+        return {"problem": self.problem, "facts": list(self.facts), "max_abs": self.max_abs, "max_rel": self.max_rel,
+                "code": self.code, "reproduce": self.reproduce, "command": self.command}
+
+
+@dataclass(frozen=True)
+class ExampleOutcome:
+    """One example of a rule: what it asked for and what happened."""
+
+    location: str  # file:line:col
+    expected: str
+    rewrites: int
+    problem: Optional[str]  # None when the example behaved
+    grade: str  # validated, missing, noisy, wrong, error
+
+    def to_json(self) -> dict:
+        return {"location": self.location, "expected": self.expected, "rewrites": self.rewrites,
+                "problem": self.problem, "grade": self.grade}
+
+
+@dataclass(frozen=True)
+class RuleVerdict:
+    """Everything verification found out about one rule."""
+
+    rule: str
+    source: str  # file:line
+    contract: str
+    grade: str
+    hosts_checked: int
+    hosts_discarded: int
+    hosts_note: Optional[str]  # why hosts could not be checked ("no sampler for ...")
+    examples: tuple[ExampleOutcome, ...] = ()
+    counterexample: Optional[Counterexample] = None
+    shapes_kept: Optional[bool] = None  # for [changes] rules: did every checked rewrite keep shapes?
+
+    @property
+    def ok(self) -> bool:
+        return self.grade == "validated"
+
+    def render(self) -> str:
+        head = f"{self.source}: {self.rule} [{self.contract}]: {self.grade}"
+        detail = [f"{self.hosts_checked} host graph{'s' * (self.hosts_checked != 1)} checked"]
+        if self.hosts_note:
+            detail = [self.hosts_note]
+        if self.examples:
+            good = sum(e.problem is None for e in self.examples)
+            detail.append(f"{good}/{len(self.examples)} examples behaved")
+        if self.shapes_kept is not None:
+            detail.append("shapes kept" if self.shapes_kept else "shapes changed")
+        lines = [f"{head} ({'; '.join(detail)})"]
+        for example in self.examples:
+            if example.problem is not None:
+                lines.append(f"  {example.location}: example ({example.expected}): {example.problem}")
+        if self.counterexample is not None:
+            lines.append("  counterexample:")
+            lines.append(self.counterexample.render())
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"rule": self.rule, "source": self.source, "contract": self.contract, "grade": self.grade,
+                "hosts_checked": self.hosts_checked, "hosts_discarded": self.hosts_discarded,
+                "hosts_note": self.hosts_note, "shapes_kept": self.shapes_kept,
+                "examples": [e.to_json() for e in self.examples],
+                "counterexample": None if self.counterexample is None else self.counterexample.to_json()}
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The verdicts of a verification run, in rule order."""
+
+    verdicts: tuple[RuleVerdict, ...]
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Every rule validated."""
+        return all(v.ok for v in self.verdicts)
+
+    def counts(self) -> dict[str, int]:
+        return {grade: sum(v.grade == grade for v in self.verdicts) for grade in GRADES}
+
+    def __getitem__(self, rule: str) -> RuleVerdict:
+        for verdict in self.verdicts:
+            if verdict.rule == rule:
+                return verdict
+        raise KeyError(rule)
+
+    def summary(self) -> str:
+        counts = {g: n for g, n in self.counts().items() if n}
+        parts = ", ".join(f"{n} {g}" for g, n in counts.items()) or "no rules"
+        return f"fxrules verify: {len(self.verdicts)} rule{'s' * (len(self.verdicts) != 1)}: {parts} " \
+               f"({self.seconds:.1f} s)"
+
+    def __str__(self) -> str:
+        return "\n".join([v.render() for v in self.verdicts] + [self.summary()])
+
+    def to_json(self) -> dict:
+        return {"version": 1, "ok": self.ok, "counts": self.counts(), "seconds": round(self.seconds, 3),
+                "rules": [v.to_json() for v in self.verdicts]}
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How hard to look. ``seed`` None: a fresh random seed (hypothesis' default), else reproducible.
+    ``database``: hypothesis' example database (a directory path), ``None`` for none, or the
+    string ``"default"`` for hypothesis' own default (``.hypothesis/`` in the working directory)."""
+
+    max_examples: int = 50
+    seed: Optional[int] = None
+    dtypes: tuple = DEFAULT_DTYPES
+    grad: bool = False
+    database: Any = "default"
+    catalogue: Any = None
+    reproduce: Optional[str] = None  # a @reproduce_failure(...) line: replay that one host
+
+
+# ---------------------------------------------------------------------------
+# Comparing outputs by contract
+# ---------------------------------------------------------------------------
+
+def _flatten(value: Any) -> list:
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _flatten(item)]
+    if isinstance(value, dict):
+        return [leaf for key in sorted(value, key=str) for leaf in _flatten(value[key])]
+    return [value]
+
+
+@dataclass
+class _Comparison:
+    problem: Optional[str] = None
+    max_abs: Optional[float] = None
+    max_rel: Optional[float] = None
+    shapes_kept: bool = True
+
+
+def _differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    if a.numel() == 0 or a.shape != b.shape:
+        return 0.0, 0.0
+    a64, b64 = a.detach().to(torch.complex128 if a.is_complex() else torch.float64), \
+        b.detach().to(torch.complex128 if b.is_complex() else torch.float64)
+    both_nan = torch.isnan(a64) & torch.isnan(b64) if not a64.is_complex() else torch.zeros_like(a64, dtype=torch.bool)
+    diff = (a64 - b64).abs()
+    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    rel = diff / b64.abs().clamp_min(1e-12)
+    return float(diff.max()), float(rel.max())
+
+
+def compare(before: Any, after: Any, contract: str, reference: Optional[Any] = None) -> _Comparison:
+    """Outputs ``after`` (rewritten) against ``before`` (original) by ``contract``.
+
+    ``reference``: the original's outputs computed in float64, used by ``approx`` for the
+    low-precision dtypes (see the module docstring)."""
+    old, new = _flatten(before), _flatten(after)
+    out = _Comparison()
+    if len(old) != len(new):
+        out.shapes_kept = False
+        if contract != "changes":
+            out.problem = f"the model had {len(old)} outputs and has {len(new)} after the rewrite"
+        return out
+    refs = _flatten(reference) if reference is not None else [None] * len(old)
+    for index, (a, b, ref) in enumerate(zip(new, old, refs)):
+        where = f"output {index}" if len(old) > 1 else "the output"
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            if type(a) is not type(b) or a != b:
+                out.shapes_kept = out.shapes_kept and type(a) is type(b)
+                if contract != "changes":
+                    out.problem = out.problem or f"{where} was {b!r} and is {a!r} after the rewrite"
+            continue
+        if a.shape != b.shape or a.dtype != b.dtype:
+            out.shapes_kept = False
+            if contract != "changes" and out.problem is None:
+                out.problem = (f"{where} changed from {_describe(b)} to {_describe(a)}, so the rewrite does not keep "
+                               f"shapes and dtypes")
+            continue
+        max_abs, max_rel = _differences(a, b)
+        out.max_abs = max(out.max_abs or 0.0, max_abs)
+        out.max_rel = max(out.max_rel or 0.0, max_rel)
+        if contract == "changes" or out.problem is not None:
+            continue
+        if contract == "exact":
+            same = torch.equal(a, b) or bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all()) \
+                if a.is_floating_point() else torch.equal(a, b)
+            if not same:
+                out.problem = f"{where} is not bit-identical after the rewrite"
+        elif not _close(a, b, ref):
+            out.problem = f"{where} differs beyond the tolerance for {str(a.dtype).replace('torch.', '')}"
+    return out
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, ref: Optional[torch.Tensor]) -> bool:
+    try:
+        torch.testing.assert_close(a, b, equal_nan=True)
+        return True
+    except AssertionError:
+        pass
+    if ref is None or not a.is_floating_point() or a.dtype == torch.float64:
+        return False
+    truth = ref.detach().to(torch.float64)
+    if truth.shape != a.shape:
+        return False
+    new_error = float((a.detach().to(torch.float64) - truth).abs().nan_to_num(nan=float("inf")).max())
+    old_error = float((b.detach().to(torch.float64) - truth).abs().nan_to_num(nan=float("inf")).max())
+    # a few units of rounding at the output's magnitude: what recomputing in another order costs
+    budget = 16 * torch.finfo(a.dtype).eps * float(truth.abs().max()) if truth.numel() else 0.0
+    return new_error <= 4 * old_error + budget
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
+# ---------------------------------------------------------------------------
+# Running models
+# ---------------------------------------------------------------------------
+
+def _run(module: torch.nn.Module, inputs: tuple) -> Any:
+    # torch.fx prints the generated code to stderr when it raises; the verdict says what went wrong
+    with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+        return module(*[t.clone() for t in inputs])
+
+
+def _reference(module: torch.nn.Module, inputs: tuple) -> Optional[Any]:
+    """The original model in float64, for ``approx`` on low-precision dtypes; None when it cannot run so."""
+    if not any(t.is_floating_point() and t.dtype != torch.float64 for t in inputs):
+        return None
+    try:
+        double = copy.deepcopy(module).double()
+        return _run(double, tuple(t.double() if t.is_floating_point() else t for t in inputs))
+    except Exception:
+        return None
+
+
+def _gradients(module: torch.nn.Module, inputs: tuple) -> Optional[list]:
+    """Gradients of the sum of floating outputs w.r.t. the floating inputs (None when nothing is differentiable)."""
+    leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    outputs = [o for o in _flatten(module(*leaves)) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not outputs:
+        return None
+    loss = sum(o.double().sum() for o in outputs)
+    wanted = [t for t in leaves if t.requires_grad]
+    grads = torch.autograd.grad(loss, wanted, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
+
+
+class _Broken(Exception):
+    """Raised inside the hypothesis test when a host breaks the contract (hypothesis shrinks it)."""
+
+    def __init__(self, counterexample: Counterexample):
+        super().__init__(counterexample.problem)
+        self.counterexample = counterexample
+
+
+def _apply_one(module: torch.nn.Module, single: RuleSet, name: str, inputs: tuple):
+    from fxrules.engine.driver import run_apply
+    from fxrules.engine.program import compile_rules
+
+    # metadata (shape/dtype) costs a propagation per run: only for rules with conditions
+    needs_metadata = any(p.needs_metadata or p.conditions for p in compile_rules(single).programs)
+    result = run_apply(module, single, example_inputs=inputs if needs_metadata else None)
+    return result, result.report.counts.get(name, 0)
+
+
+def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: VerifyOptions,
+                   facts: tuple, code: str) -> tuple[int, Optional[Counterexample], Optional[bool]]:
+    """Apply the rule to ``module``; (rewrites, counterexample or None, shapes kept)."""
+    before = _run(module, inputs)
+    try:
+        result, count = _apply_one(module, single, rule.name, inputs)
+    except FxrulesError as exc:
+        return 0, Counterexample(f"applying the rule failed: {exc}", facts, None, None, code), None
+    if count == 0:
+        return 0, None, None
+    try:
+        after = _run(result.module, inputs)
+    except Exception as exc:
+        return count, Counterexample(f"the rewritten model raised {type(exc).__name__}: {exc}", facts, None, None,
+                                     code), False
+    reference = _reference(module, inputs) if rule.contract == "approx" else None
+    outcome = compare(before, after, rule.contract, reference)
+    if outcome.problem is None and options.grad and rule.contract != "changes" and outcome.shapes_kept:
+        try:
+            grads_before, grads_after = _gradients(module, inputs), _gradients(result.module, inputs)
+        except RuntimeError:
+            grads_before = grads_after = None
+        if grads_before is not None and grads_after is not None:
+            grad_outcome = compare(grads_before, grads_after, rule.contract)
+            if grad_outcome.problem is not None:
+                outcome = _Comparison("gradients: " + grad_outcome.problem.replace("output", "input gradient"),
+                                      grad_outcome.max_abs, grad_outcome.max_rel)
+    if outcome.problem is not None:
+        return count, Counterexample(outcome.problem, facts, outcome.max_abs, outcome.max_rel, code), \
+            outcome.shapes_kept
+    return count, None, outcome.shapes_kept
+
+
+# ---------------------------------------------------------------------------
+# Host graphs
+# ---------------------------------------------------------------------------
+
+@dataclass
+class _HostResult:
+    checked: int = 0
+    discarded: int = 0
+    note: Optional[str] = None
+    counterexample: Optional[Counterexample] = None
+    shapes_kept: set = field(default_factory=set)
+
+
+def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options: VerifyOptions) -> _HostResult:
+    from hypothesis import HealthCheck, Phase, given, reject, settings
+    from hypothesis import strategies as st
+    from hypothesis.errors import DidNotReproduce, Flaky, Unsatisfiable
+
+    from fxrules.verifier.hosts import HostGraphWriter, missing_samplers
+    from fxrules.engine.program import RuleCompiler
+    from fxrules.verifier.samplers import default_catalogue
+
+    catalogue = options.catalogue if options.catalogue is not None else default_catalogue()
+    program = RuleCompiler(rule, rule_set).program()
+    result = _HostResult()
+    missing = missing_samplers(program.roots, catalogue)
+    if missing:
+        result.note = f"not verified on host graphs: no sampler for {', '.join(missing)}; add an example"
+        return result
+
+    def test(data):
+        dtype = data.draw(st.sampled_from(options.dtypes), label="dtype")
+        training = data.draw(st.sampled_from([False, False, False, True]), label="training")
+        host = HostGraphWriter(data.draw, catalogue, dtype, training).build(program.roots)
+        try:
+            _run(host.module, host.inputs)
+        except Exception:
+            reject()  # the drawn host itself does not run (a dtype an op lacks on CPU, ...)
+        facts = (f"dtype {str(dtype).replace('torch.', '')}, {'training' if training else 'eval'} mode",
+                 *host.lines)
+        count, counterexample, kept = _check_rewrite(host.module, host.inputs, single, rule, options, facts,
+                                                     host.module.code)
+        if counterexample is not None:
+            raise _Broken(counterexample)
+        if count == 0:
+            result.discarded += 1
+            reject()
+        result.checked += 1
+        if kept is not None:
+            result.shapes_kept.add(kept)
+
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    database_kw = {}
+    if options.database is None:
+        database_kw["database"] = None
+    elif options.database != "default":
+        database_kw["database"] = DirectoryBasedExampleDatabase(str(options.database))
+    phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)  # no "explain": it reruns hundreds of times
+    configured = settings(max_examples=options.max_examples, deadline=None, derandomize=False, phases=phases,
+                          suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=True,
+                          **database_kw)
+    wrapped = given(st.data())(configured(test))
+    wrapped._hypothesis_internal_database_key = database_key(rule)
+    if options.seed is not None:
+        from hypothesis import seed as hypothesis_seed
+
+        wrapped = hypothesis_seed(options.seed)(wrapped)
+    if options.reproduce is not None:
+        wrapped._hypothesis_internal_use_reproduce_failure = parse_reproduce(options.reproduce)
+    from hypothesis.reporting import with_reporter
+
+    try:
+        with with_reporter(lambda *_: None):  # the verdict tells what matters; hypothesis' own printout is noise
+            wrapped()
+    except _Broken as exc:
+        notes = [n for n in getattr(exc, "__notes__", []) if "reproduce_failure" in n]
+        blob = None
+        if notes:
+            text = notes[-1]
+            start = text.find("@reproduce_failure")
+            blob = text[start:].split(" as a decorator")[0] if start >= 0 else None
+        counterexample = exc.counterexample
+        command = None
+        if blob is not None:
+            path = rule.ast.span.path
+            quoted = f'"{blob}"' if not set(blob) & set('"$`\\!') else shlex.quote(blob)
+            command = f"fxrules verify {shlex.quote(path)} --rule {shlex.quote(rule.name)} --reproduce {quoted}"
+        result.counterexample = Counterexample(counterexample.problem, counterexample.facts, counterexample.max_abs,
+                                               counterexample.max_rel, counterexample.code, blob, command)
+    except DidNotReproduce:
+        result.note = "the given counterexample did not reproduce (the rule, its samplers or hypothesis changed)"
+    except Unsatisfiable:
+        result.note = ("not verified on host graphs: none of the drawn hosts was rewritten by the rule "
+                       f"({result.discarded} declined); add an example")
+    except Flaky as exc:
+        result.note = f"host check flaky: {str(exc).splitlines()[0]}"
+    if result.checked == 0 and result.counterexample is None and result.note is None:
+        result.note = "not verified on host graphs: no host was rewritten by the rule; add an example"
+    return result
+
+
+def database_key(rule: CheckedRule) -> bytes:
+    """Where hypothesis' example database keeps this rule's counterexamples (one key per rule)."""
+    return hashlib.sha256(f"fxrules-verify:{rule.source}:{rule.name}:{rule.ast.span.location}".encode()).digest()
+
+
+def parse_reproduce(text: str) -> tuple[str, bytes]:
+    """``@reproduce_failure('6.170.17', b'...')`` (or just its arguments) -> (version, blob), without eval."""
+    import ast as pyast
+
+    body = text.strip()
+    if body.startswith("@"):
+        body = body[1:]
+    if body.startswith("reproduce_failure"):
+        body = body[len("reproduce_failure"):]
+    try:
+        value = pyast.literal_eval(body)
+    except (ValueError, SyntaxError):
+        value = None
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str)
+            and isinstance(value[1], (bytes, str))):
+        raise ValueError(f"not a reproduce line: {text!r} (expected @reproduce_failure('VERSION', b'BLOB'))")
+    blob = value[1].encode() if isinstance(value[1], str) else value[1]
+    return value[0], blob
+
+
+# ---------------------------------------------------------------------------
+# Examples
+# ---------------------------------------------------------------------------
+
+def _check_examples(rule: CheckedRule, rule_set: RuleSet, single: RuleSet,
+                    options: VerifyOptions) -> tuple[list[ExampleOutcome], Optional[Counterexample], set]:
+    from fxrules.verifier.examples import build_example
+
+    outcomes: list[ExampleOutcome] = []
+    first_counterexample = None
+    kept: set = set()
+    for example in rule.ast.examples:
+        location = str(example.span)
+        try:
+            model = build_example(rule, rule_set, example)
+            _run(model.module, model.inputs)
+        except Exception as exc:
+            outcomes.append(ExampleOutcome(location, "build and run", 0,
+                                           f"the example model cannot be built or run: {type(exc).__name__}: {exc}",
+                                           "error"))
+            continue
+        facts = tuple(f"module {name}: {module!r}" for name, module in model.module.named_children()) + tuple(
+            f"input ${spec.name}: {spec.dtype or 'float32'}{list(spec.shape)}" for spec in example.inputs)
+        count, counterexample, shapes = _check_rewrite(model.module, model.inputs, single, rule, options,
+                                                       (f"example at {location}",) + facts, model.module.code)
+        if shapes is not None:
+            kept.add(shapes)
+        if counterexample is not None:
+            first_counterexample = first_counterexample or counterexample
+            problem = counterexample.problem
+            if not model.accepts(count):
+                problem = f"rewritten {count} time{'s' * (count != 1)} (it should {model.expected}), and {problem}"
+            outcomes.append(ExampleOutcome(location, model.expected, count, problem, "wrong"))
+        elif not model.accepts(count):
+            grade = "noisy" if example.count == 0 else "missing"
+            outcomes.append(ExampleOutcome(location, model.expected, count,
+                                           f"rewritten {count} time{'s' * (count != 1)}", grade))
+        else:
+            outcomes.append(ExampleOutcome(location, model.expected, count, None, "validated"))
+    return outcomes, first_counterexample, kept
+
+
+# ---------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------
+
+def verify_rule(rule_set: RuleSet, name: str, options: VerifyOptions = VerifyOptions()) -> RuleVerdict:
+    """Verify one rule of ``rule_set`` (host graphs and examples)."""
+    rule = rule_set[name]
+    single = rule_set.select(names=[name])
+    with warnings.catch_warnings():  # host and example models may use deprecated spellings on purpose
+        warnings.simplefilter("ignore")
+        hosts = _check_hosts(rule, rule_set, single, options)
+        examples, example_counterexample, kept = _check_examples(rule, rule_set, single, options)
+    counterexample = hosts.counterexample or example_counterexample
+    grades = [e.grade for e in examples]
+    if counterexample is not None:
+        grade = "wrong"
+    else:
+        grade = max(grades, key=_SEVERITY.__getitem__, default="validated")
+        positive_checked = any(e.grade == "validated" and e.rewrites > 0 for e in examples)
+        if _SEVERITY[grade] < _SEVERITY["unverified"] and hosts.checked == 0 and not positive_checked:
+            grade = "unverified"
+    note = hosts.note
+    if note is not None and note.endswith("; add an example") and any(e.rewrites > 0 for e in examples):
+        note = note[: -len("; add an example")] + " (its examples verify it)"
+    shapes = hosts.shapes_kept | kept
+    shapes_kept = None if rule.contract != "changes" or not shapes else all(shapes)
+    return RuleVerdict(rule.name, rule.source, rule.contract, grade, hosts.checked, hosts.discarded, note,
+                       tuple(examples), counterexample, shapes_kept)
+
+
+def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: bool = False,
+           dtypes: Optional[Iterable[torch.dtype]] = None, database: Any = "default", catalogue=None,
+           names: Optional[Iterable[str]] = None, allow_imports: Iterable[str] = (), progress=None,
+           reproduce: Optional[str] = None) -> VerifyReport:
+    """Check that every rule keeps its contract; see the module docstring.
+
+    ``rules``: a RuleSet or rule file path(s). ``max_examples``: host graphs per rule.
+    ``seed``: fix hypothesis' seed (reproducible runs). ``grad``: compare gradients too.
+    ``names``: verify only these rules. ``progress``: called with (done, total, rule name).
+    ``reproduce``: a counterexample's ``@reproduce_failure(...)`` line: replay that one host
+    (give one rule in ``names``).
+    """
+    from fxrules.lang.load import as_rule_set
+
+    from fxrules.verifier.samplers import default_catalogue
+
+    rule_set = as_rule_set(rules, allow_imports)
+    catalogue = catalogue if catalogue is not None else default_catalogue()  # built once per run
+    options = VerifyOptions(max_examples=max_examples, seed=seed, grad=grad,
+                            dtypes=tuple(dtypes) if dtypes is not None else DEFAULT_DTYPES, database=database,
+                            catalogue=catalogue, reproduce=reproduce)
+    if reproduce is not None:
+        parse_reproduce(reproduce)  # a malformed line is a ValueError before any work
+    selected = list(names) if names is not None else rule_set.names
+    for name in selected:
+        rule_set[name]  # an unknown name is a KeyError naming it, before any work
+    start = time.perf_counter()
+    verdicts = []
+    for index, name in enumerate(selected):
+        if progress is not None:
+            progress(index, len(selected), name)
+        verdicts.append(verify_rule(rule_set, name, options))
+    if progress is not None:
+        progress(len(selected), len(selected), None)
+    return VerifyReport(tuple(verdicts), time.perf_counter() - start)
