@@ -29,6 +29,7 @@ from fxrules.engine.matcher import UNHASHABLE_INPUT, GraphView, Match, Miss, inp
 from fxrules.lang.parser import ensure_recursion_limit, paused_gc
 from fxrules.engine.planner import Plan, plan
 from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
+from fxrules.engine.refusals import MissCode, Refusal
 from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
 from fxrules.lang.ruleset import RuleSet
 from fxrules.engine.errors import ModelError, RewriteError, RewriteLoopError
@@ -224,7 +225,7 @@ class _Session:
         except Exception as exc:
             raise self.error(program, node, f"matching raised {type(exc).__name__}: {exc}") from exc
 
-    def plan(self, match: Match) -> "Plan | str":
+    def plan(self, match: Match) -> "Plan | Refusal":
         return plan(match, self.work.effects)
 
     # -- the fixpoint ------------------------------------------------------------
@@ -272,9 +273,8 @@ class _Session:
                 continue
             decision = self.plan(result)
             key = (program.rule.index, tuple(n.name for n in result.roots))
-            if isinstance(decision, str):
-                rejected[key] = Rejected(program.name, program.rule.source, tuple(n.name for n in result.nodes),
-                                         decision)
+            if isinstance(decision, Refusal):
+                rejected[key] = _rejected(program, result, decision)
                 continue
             try:
                 outcome = apply_match(self.work, result, decision)
@@ -282,9 +282,8 @@ class _Session:
                 raise
             except Exception as exc:
                 raise self.error(program, node, f"building the replacement raised {type(exc).__name__}: {exc}") from exc
-            if isinstance(outcome, str):  # a builder declined these modules
-                rejected[key] = Rejected(program.name, program.rule.source, tuple(n.name for n in result.nodes),
-                                         outcome)
+            if isinstance(outcome, Refusal):  # a builder declined these modules
+                rejected[key] = _rejected(program, result, outcome)
                 continue
             entry, touched = outcome
             rejected.pop(key, None)
@@ -322,6 +321,11 @@ class _Session:
             if not frontier:
                 break
         return found
+
+
+def _rejected(program: Program, match: Match, refusal: Refusal) -> Rejected:
+    return Rejected(program.name, program.rule.source, tuple(n.name for n in match.nodes), refusal.message,
+                    code=refusal.code, nodes=refusal.nodes)
 
 
 # ---------------------------------------------------------------------------
@@ -369,11 +373,13 @@ def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None,
             if isinstance(result, Miss) or session.conditions(result) is not None:
                 continue
             decision = session.plan(result)
+            refusal = decision if isinstance(decision, Refusal) else None
             found.append(MatchInfo(program.name, program.rule.source, tuple(n.name for n in result.roots),
                                    tuple(n.name for n in result.nodes),
                                    {k: (v.name if isinstance(v, fx.Node) else v)
                                     for k, v in result.bindings.captures.items()},
-                                   decision if isinstance(decision, str) else None))
+                                   None if refusal is None else refusal.message,
+                                   None if refusal is None else refusal.code))
     return found
 
 
@@ -389,15 +395,18 @@ def run_explain(model: Any, rule_set: RuleSet, *, rule: Optional[str] = None, ex
             result = session.try_match(program, node, explain=True)
             trace = node.meta.get("stack_trace")
             if isinstance(result, Miss):
-                misses.append(NearMiss(program.name, str(result.span), node.name, result.reason, result.depth, trace))
+                misses.append(NearMiss(program.name, str(result.span), node.name, result.reason, result.depth, trace,
+                                       code=result.code))
                 continue
             failed = session.conditions(result)
             if failed is not None:
                 misses.append(NearMiss(program.name, str(failed.span), node.name,
-                                       "the pattern matched, but this condition is false", 1 << 20, trace))
+                                       "the pattern matched, but this condition is false", 1 << 20, trace,
+                                       code=MissCode.CONDITION_FALSE))
                 continue
             decision = session.plan(result)
-            if isinstance(decision, str):
+            if isinstance(decision, Refusal):
                 misses.append(NearMiss(program.name, str(program.rule.span), node.name,
-                                       f"the pattern matched, but the rewrite is refused: {decision}", 1 << 21, trace))
+                                       f"the pattern matched, but the rewrite is refused: {decision.message}", 1 << 21,
+                                       trace, code=decision.code))
     return misses

@@ -30,8 +30,16 @@ from torch import fx
 import fxrules.lang.ast as A
 import fxrules.engine.signatures as signatures
 from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, Program, PRef, PSeq, PWildcard)
+from fxrules.engine.refusals import MissCode
 
 _MISSING = object()
+
+# Failure codes as module globals: fail() is called on every failed attempt, explained or not.
+(_OP, _TARGET, _ATTRIBUTE, _ARGUMENT_COUNT, _ARGUMENT_MISSING, _ARGUMENT, _UNEXPECTED_ARGUMENT, _LITERAL, _CONSTANT,
+ _SEQUENCE, _CAPTURE, _NAMED_NODE) = (
+    MissCode.OP_MISMATCH, MissCode.TARGET_MISMATCH, MissCode.MODULE_ATTRIBUTE_MISMATCH, MissCode.ARGUMENT_COUNT,
+    MissCode.ARGUMENT_MISSING, MissCode.ARGUMENT_MISMATCH, MissCode.UNEXPECTED_ARGUMENT, MissCode.LITERAL_MISMATCH,
+    MissCode.CONSTANT_MISMATCH, MissCode.SEQUENCE_MISMATCH, MissCode.CAPTURE_CONFLICT, MissCode.NAMED_NODE_MISMATCH)
 
 
 class Bindings:
@@ -85,6 +93,7 @@ class Miss:
     depth: int
     reason: str
     span: A.Span
+    code: MissCode  # what kind of failure ``reason`` describes (recorded with or without explain)
 
 
 class GraphView:
@@ -102,13 +111,15 @@ class _Matcher:
         self.env = Bindings()
         self.fail_depth = -1
         self.fail_reason = ""
+        self.fail_code = MissCode.PATTERN_MISMATCH
         self.fail_span = program.rule.span
         self.depth = 0
 
-    def fail(self, reason: Callable[[], str], span: Optional[A.Span] = None) -> bool:
+    def fail(self, code: MissCode, reason: Callable[[], str], span: Optional[A.Span] = None) -> bool:
         """Record a failure (the deepest one is reported); ``reason`` is only formatted when explaining."""
         if self.depth > self.fail_depth:
             self.fail_depth = self.depth
+            self.fail_code = code
             if self.explain:
                 self.fail_reason = reason()
             self.fail_span = span if span is not None else self.fail_span
@@ -124,14 +135,14 @@ class _Matcher:
         if kind is PWildcard:
             return True
         if kind is PLiteral:
-            return _same_literal(pattern.value, value) or self.fail(lambda:
+            return _same_literal(pattern.value, value) or self.fail(_LITERAL, lambda:
                 f"expected the literal {pattern.value!r}, found {_show(value)}", pattern.span)
         if kind is PConst:
-            return _same_constant(pattern.value, value) or self.fail(lambda:
+            return _same_constant(pattern.value, value) or self.fail(_CONSTANT, lambda:
                 f"expected {pattern.label}, found {_show(value)}", pattern.span)
         if kind is PSeq:
             if not isinstance(value, (list, tuple)) or len(value) != len(pattern.items):
-                return self.fail(lambda: f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
+                return self.fail(_SEQUENCE, lambda: f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
             return all(self.match(p, v) for p, v in zip(pattern.items, value))
         if kind is PBind:
             if not self.match(pattern.inner, value):
@@ -143,7 +154,7 @@ class _Matcher:
             if bound is _MISSING:
                 self.env.pending_refs.append((pattern.name, value))
                 return True
-            return bound is value or self.fail(lambda: f"expected the node named `{pattern.name}` ({_show(bound)}), "
+            return bound is value or self.fail(_NAMED_NODE, lambda: f"expected the node named `{pattern.name}` ({_show(bound)}), "
                                                f"found {_show(value)}", pattern.span)
         if kind is PAlt:
             for option in pattern.options:
@@ -163,13 +174,13 @@ class _Matcher:
             return True
         if _same_value(bound, value):
             return True
-        return self.fail(lambda: f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
+        return self.fail(_CAPTURE, lambda: f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
 
     def get_attr(self, pattern: PGetAttr, value: Any) -> bool:
         if not isinstance(value, fx.Node) or value.op != "get_attr":
-            return self.fail(lambda: f"expected a get_attr node, found {_show(value)}", pattern.span)
+            return self.fail(_OP, lambda: f"expected a get_attr node, found {_show(value)}", pattern.span)
         if pattern.qualname is not None and value.target != pattern.qualname:
-            return self.fail(lambda: f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
+            return self.fail(_TARGET, lambda: f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
         if pattern.capture is not None and not self.capture(pattern.capture, value, pattern.span):
             return False
         self.env.attrs[value] = None
@@ -178,20 +189,20 @@ class _Matcher:
     # -- calls ----------------------------------------------------------------
     def call(self, pattern: PCall, value: Any) -> bool:
         if not isinstance(value, fx.Node):
-            return self.fail(lambda: f"expected {pattern.op} {pattern.label}, found {_show(value)}", pattern.span)
+            return self.fail(_OP, lambda: f"expected {pattern.op} {pattern.label}, found {_show(value)}", pattern.span)
         if value.op != pattern.op:
-            return self.fail(lambda: f"expected {pattern.op} {pattern.label}, found {value.op} {_target(value)}", pattern.span)
+            return self.fail(_OP, lambda: f"expected {pattern.op} {pattern.label}, found {value.op} {_target(value)}", pattern.span)
         module = None
         if pattern.op == "call_module":
             module = self.view.module_of(value.target)
             if module is None or not any(_module_matches(module, cls) for cls in pattern.targets):
-                return self.fail(lambda: f"expected a {pattern.label} module, found {type(module).__name__} "
+                return self.fail(_TARGET, lambda: f"expected a {pattern.label} module, found {type(module).__name__} "
                                  f"`{value.target}`", pattern.span)
         elif pattern.op == "call_method":
             if value.target not in pattern.targets:
-                return self.fail(lambda: f"expected method {pattern.label}, found {value.target}", pattern.span)
+                return self.fail(_TARGET, lambda: f"expected method {pattern.label}, found {value.target}", pattern.span)
         elif not _same_target(value.target, pattern.targets):
-            return self.fail(lambda: f"expected {pattern.label}, found {_target(value)}", pattern.span)
+            return self.fail(_TARGET, lambda: f"expected {pattern.label}, found {_target(value)}", pattern.span)
         self.depth += 1
         try:
             if pattern.attrs and not self.attributes(pattern, module):
@@ -207,10 +218,10 @@ class _Matcher:
         for name, expected in pattern.attrs:
             actual = getattr(module, name, _MISSING)
             if actual is _MISSING:
-                return self.fail(lambda: f"the module has no attribute `{name}`", pattern.span)
+                return self.fail(_ATTRIBUTE, lambda: f"the module has no attribute `{name}`", pattern.span)
             actual = _attribute_value(actual, expected)
             if not self.match(expected, actual):
-                return self.fail(lambda: f"attribute `{name}` is {actual!r}", pattern.span)
+                return self.fail(_ATTRIBUTE, lambda: f"attribute `{name}` is {actual!r}", pattern.span)
         return True
 
     def arguments(self, pattern: PCall, node: fx.Node) -> bool:
@@ -234,13 +245,13 @@ class _Matcher:
                 if have is _MISSING:
                     have = signatures.default(sig, param)
                     if have is signatures.EMPTY:
-                        return self.fail(lambda: f"argument `{param}` is missing", pattern.span)
+                        return self.fail(_ARGUMENT_MISSING, lambda: f"argument `{param}` is missing", pattern.span)
                 if not self.match(want, have):
-                    return self.fail(lambda: f"argument `{param}` does not match: {_show(have)}", pattern.span)
+                    return self.fail(_ARGUMENT, lambda: f"argument `{param}` does not match: {_show(have)}", pattern.span)
             elif have is not _MISSING and not pattern.rest:
                 default = signatures.default(sig, param)
                 if default is signatures.EMPTY or not _same_value(default, have):
-                    return self.fail(lambda: f"argument `{param}` is {_show(have)}; the pattern does not mention it, so it "
+                    return self.fail(_UNEXPECTED_ARGUMENT, lambda: f"argument `{param}` is {_show(have)}; the pattern does not mention it, so it "
                                      f"must be absent or at {_shown_default(default)} (end the pattern's arguments with `...` to "
                                      f"accept any)", pattern.span)
         if pattern.rest:
@@ -251,7 +262,7 @@ class _Matcher:
         args, kwargs = node.args, node.kwargs
         count = len(pattern.args)
         if len(args) < count or (len(args) > count and not pattern.rest):
-            return self.fail(lambda: f"expected {count} positional argument{'s' * (count != 1)}, found {len(args)}",
+            return self.fail(_ARGUMENT_COUNT, lambda: f"expected {count} positional argument{'s' * (count != 1)}, found {len(args)}",
                              pattern.span)
         for want, have in zip(pattern.args, args):
             if not self.match(want, have):
@@ -259,12 +270,12 @@ class _Matcher:
         named = {name for name, _ in pattern.kwargs}
         for name, want in pattern.kwargs:
             if name not in kwargs:
-                return self.fail(lambda: f"keyword argument `{name}` is missing", pattern.span)
+                return self.fail(_ARGUMENT_MISSING, lambda: f"keyword argument `{name}` is missing", pattern.span)
             if not self.match(want, kwargs[name]):
                 return False
         extra = [k for k in kwargs if k not in named]
         if extra and not pattern.rest:
-            return self.fail(lambda: f"keyword argument `{extra[0]}` is not in the pattern", pattern.span)
+            return self.fail(_UNEXPECTED_ARGUMENT, lambda: f"keyword argument `{extra[0]}` is not in the pattern", pattern.span)
         if pattern.rest:
             self.env.rest = (tuple(args[count:]), {k: v for k, v in kwargs.items() if k not in named})
         return True
@@ -406,19 +417,20 @@ def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: 
     matcher = _Matcher(program, view, explain)
     if not matcher.match(program.roots[0], node):
         return Miss(program, node, matcher.fail_depth, matcher.fail_reason or "the root does not match",
-                    matcher.fail_span)
+                    matcher.fail_span, matcher.fail_code)
     roots = [node]
     for pattern in program.roots[1:]:
         found = _match_other_root(matcher, pattern, roots)
         if found is None:
             return Miss(program, node, matcher.fail_depth + 1,
-                        "no node matches the rule's other root over the same captures", matcher.fail_span)
+                        "no node matches the rule's other root over the same captures", matcher.fail_span,
+                        MissCode.OTHER_ROOT_MISSING)
         roots.append(found)
     env = matcher.env
     for name, value in env.pending_refs:
         if env.names.get(name, _MISSING) is not value:
             return Miss(program, node, matcher.fail_depth + 1,
-                        f"the node named `{name}` is not the one used here", program.rule.span)
+                        f"the node named `{name}` is not the one used here", program.rule.span, _NAMED_NODE)
     return Match(program, tuple(roots), env)
 
 

@@ -1,18 +1,22 @@
 """Deciding whether a match may be rewritten, and where the replacement goes.
 
-A match is rejected, with a reason the report shows, when:
+A match is refused with a :class:`~fxrules.engine.refusals.Refusal` (a stable code, the
+message the report shows, the nodes concerned) when, checked in this order:
 
-* an interior node (matched, not a root) has a user outside the match;
-* a matched node has a side effect (removing it would drop the effect): see
-  :func:`side_effect`; torch's own ``Node.is_impure`` misses in-place method
-  calls such as ``buf.add_(1)`` and ``print`` in symbolic_trace graphs, so this
-  module has its own test;
-* the rewrite would move a read of a captured value across an in-place
-  mutation of that value (the replacement reads it at a later point than the
-  matched nodes did);
-* the replacement would need a node before one of its own inputs (a cycle);
-* the replacement uses a node the rewrite removes, or replaces a node by a
-  literal.
+* an interior node (matched, not a root) has a user outside the match
+  (``interior-used-outside``);
+* a matched node has a side effect (removing it would drop the effect:
+  ``drops-side-effect``): see :meth:`Effects.side_effect`; torch's own ``Node.is_impure``
+  misses in-place method calls such as ``buf.add_(1)`` and ``print`` in symbolic_trace
+  graphs, so this module has its own test;
+* the replacement uses a node the rewrite removes (``uses-replaced-node``), replaces a node
+  by a literal (``replaces-with-literal``), or replaces a node that is later modified in
+  place by a value that would then be modified instead (``replaced-node-mutated``);
+* the rewrite would move a read of a captured value across an in-place mutation of that
+  value (the replacement reads it at a later point than the matched nodes did:
+  ``reads-across-mutation``; or the value stands in for a root and is modified after
+  the match: ``alias-mutated-later``);
+* the replacement would need a node before one of its own inputs (``would-cycle``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch import fx
 
 from fxrules.engine.matcher import Match
 from fxrules.engine.program import READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RValue
+from fxrules.engine.refusals import Refusal, RefusalCode
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
@@ -222,41 +227,100 @@ class Plan:
     anchor: fx.Node  # new nodes go just before this node
 
 
-def plan(match: Match, effects: Effects) -> "Plan | str":
-    """A Plan, or the reason the match must not be rewritten."""
-    env = match.bindings
-    matched = env.nodes
+def plan(match: Match, effects: Effects) -> "Plan | Refusal":
+    """A Plan, or the :class:`Refusal` saying why the match must not be rewritten.
+
+    The checks run in this order, and the first refusal wins (so a match with several
+    problems always reports the same one): :func:`interior_used_outside`,
+    :func:`drops_side_effect`, :func:`uses_replaced_node`, :func:`replaced_by_value`,
+    :func:`reads_across_mutation`, then :func:`placement` (which refuses a cycle or places
+    the replacement). Each check is pure and returns a Refusal or None; a refusal is only
+    built when refusing.
+    """
+    refusal = interior_used_outside(match)
+    if refusal is None:
+        refusal = drops_side_effect(match, effects)
+    if refusal is not None:
+        return refusal
+    inputs = _replacement_inputs(match)
+    refusal = uses_replaced_node(match, inputs)
+    if refusal is None:
+        refusal = replaced_by_value(match, effects)
+    if refusal is None:
+        refusal = reads_across_mutation(match, effects, inputs)
+    if refusal is not None:
+        return refusal
+    return placement(match, inputs)
+
+
+def interior_used_outside(match: Match) -> Optional[Refusal]:
+    """An interior node (matched, not a root) used outside the match: removing it would break
+    that user, keeping it would compute it twice."""
+    matched = match.bindings.nodes
     roots = match.roots
-    root_set = set(roots)
     for node in matched:
-        if node in root_set:
+        if node in roots:
             continue
-        outside = [u for u in node.users if u not in matched]
-        if outside:
-            return (f"interior node %{node.name} is also used by %{outside[0].name}, outside the match; "
-                    f"rewriting would duplicate or break it")
-    for node in matched:
+        for user in node.users:
+            if user not in matched:
+                return Refusal(RefusalCode.INTERIOR_USED_OUTSIDE,
+                               f"interior node %{node.name} is also used by %{user.name}, outside the match; "
+                               f"rewriting would duplicate or break it", (node.name, user.name))
+    return None
+
+
+def drops_side_effect(match: Match, effects: Effects) -> Optional[Refusal]:
+    """A matched node with a side effect: the rewrite removes matched nodes, and the effect with them."""
+    for node in match.bindings.nodes:
         effect = effects.side_effect(node)
         if effect is not None:
-            return f"removing the match would drop a side effect: {effect}"
-    inputs = _replacement_inputs(match)
+            return Refusal(RefusalCode.DROPS_SIDE_EFFECT,
+                           f"removing the match would drop a side effect: {effect}", (node.name,))
+    return None
+
+
+def uses_replaced_node(match: Match, inputs: list) -> Optional[Refusal]:
+    """The replacement reads a root: the root is replaced by a value computed from itself."""
+    roots = match.roots
     for node in inputs:
-        if node in root_set:
-            return f"the replacement uses %{node.name}, the node it replaces"
+        if node in roots:
+            return Refusal(RefusalCode.USES_REPLACED_NODE,
+                           f"the replacement uses %{node.name}, the node it replaces", (node.name,))
+    return None
+
+
+def replaced_by_value(match: Match, effects: Effects) -> Optional[Refusal]:
+    """A root replaced by an existing value (``-> $x``): the value must be a node, and the root
+    must not be modified in place later (the value would be modified instead). Checked root
+    by root, literal first."""
+    env = match.bindings
+    roots = match.roots
     for index, replacement in enumerate(match.program.replacements):
         if isinstance(replacement, RValue):
+            root = roots[index]
             value = (env.captures if replacement.is_capture else env.names).get(replacement.name)
             if not isinstance(value, fx.Node):
-                return f"the replacement would replace %{roots[index].name} by the literal {value!r}"
-            for user in roots[index].users:
-                if roots[index] in effects.mutated_inputs(user):
-                    return (f"%{roots[index].name} is modified in place by %{user.name}; replacing it by "
-                            f"%{value.name} would modify %{value.name} too")
-    # In-place mutations between the first matched node and the last place the replacement reads.
-    # When an existing value takes a root's place, the root's users may hand that value on
-    # (eval-mode dropout returns its input, views alias it) to anything after them, the graph's
-    # output included: any later in-place mutation of the value could then show, so there is
-    # no last place.
+                return Refusal(RefusalCode.REPLACES_WITH_LITERAL,
+                               f"the replacement would replace %{root.name} by the literal {value!r}", (root.name,))
+            for user in root.users:
+                if root in effects.mutated_inputs(user):
+                    return Refusal(RefusalCode.REPLACED_NODE_MUTATED,
+                                   f"%{root.name} is modified in place by %{user.name}; replacing it by "
+                                   f"%{value.name} would modify %{value.name} too", (root.name, user.name, value.name))
+    return None
+
+
+def reads_across_mutation(match: Match, effects: Effects, inputs: list) -> Optional[Refusal]:
+    """An in-place mutation of a value the replacement reads, between the first matched node and
+    the last place the replacement reads it.
+
+    When an existing value takes a root's place, the root's users may hand that value on
+    (eval-mode dropout returns its input, views alias it) to anything after them, the graph's
+    output included: any later in-place mutation of the value could then show, so there is
+    no last place.
+    """
+    matched = match.bindings.nodes
+    roots = match.roots
     first = min(matched) if matched else min(roots)
     aliases_root = any(isinstance(r, RValue) for r in match.program.replacements)
     last = None if aliases_root else max(roots)
@@ -266,12 +330,21 @@ def plan(match: Match, effects: Effects) -> "Plan | str":
                 continue
             if value in effects.mutated_inputs(user):
                 if last is None:
-                    return (f"%{value.name} is modified in place by %{user.name} after the matched nodes; standing "
-                            f"in for %{roots[0].name}, it would carry that change to whatever reads "
-                            f"%{roots[0].name} or an alias of it")
-                return (f"%{value.name} is modified in place by %{user.name} between the matched nodes and the "
-                        f"place the replacement reads it")
-    # Insertion point: after every input, before every user of a root.
+                    return Refusal(RefusalCode.ALIAS_MUTATED_LATER,
+                                   f"%{value.name} is modified in place by %{user.name} after the matched nodes; "
+                                   f"standing in for %{roots[0].name}, it would carry that change to whatever reads "
+                                   f"%{roots[0].name} or an alias of it", (value.name, user.name, roots[0].name))
+                return Refusal(RefusalCode.READS_ACROSS_MUTATION,
+                               f"%{value.name} is modified in place by %{user.name} between the matched nodes and "
+                               f"the place the replacement reads it", (value.name, user.name))
+    return None
+
+
+def placement(match: Match, inputs: list) -> "Plan | Refusal":
+    """Where the replacement goes: after every input, before every user of a root; a cycle when
+    an input comes after such a user."""
+    matched = match.bindings.nodes
+    roots = match.roots
     anchor = min(roots)
     late_inputs = [n for n in inputs if not (n < anchor)]
     if late_inputs:
@@ -279,7 +352,9 @@ def plan(match: Match, effects: Effects) -> "Plan | str":
         limit = min(users) if users else None
         latest = max(late_inputs)
         if limit is not None and not (latest < limit):
-            return "the replacement would have to come after a user of the nodes it replaces (a cycle)"
+            return Refusal(RefusalCode.WOULD_CYCLE,
+                           "the replacement would have to come after a user of the nodes it replaces (a cycle)",
+                           (latest.name, limit.name))
         anchor = latest.next
     return Plan(anchor)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from fxrules.engine.refusals import MissCode, RefusalCode
+
 
 @dataclass(frozen=True, slots=True)
 class Applied:
@@ -17,10 +19,14 @@ class Applied:
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
+    """A match that was refused: ``code`` says why (stable, see docs/semantics.md), ``reason`` in words."""
+
     rule: str
     source: str
     matched: tuple[str, ...]
     reason: str
+    code: RefusalCode = field(kw_only=True)
+    nodes: tuple[str, ...] = field(kw_only=True)  # the nodes the refusal is about, the offending one first
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +53,8 @@ class Report:
             "counts": self.counts,
             "applied": [{"rule": a.rule, "source": a.source, "matched": list(a.matched), "created": list(a.created),
                          "replaced_by": list(a.replaced_by)} for a in self.applied],
-            "rejected": [{"rule": r.rule, "source": r.source, "matched": list(r.matched), "reason": r.reason}
-                         for r in self.rejected],
+            "rejected": [{"rule": r.rule, "source": r.source, "matched": list(r.matched), "reason": r.reason,
+                          "code": str(r.code), "nodes": list(r.nodes)} for r in self.rejected],
             "notes": list(self.notes),
         }
 
@@ -119,11 +125,15 @@ class MatchInfo:
     nodes: tuple[str, ...]
     captures: dict
     rejected: Optional[str] = None  # why the rewrite would be refused, if it would
+    code: Optional[RefusalCode] = None  # the refusal's code, if it would
 
 
 @dataclass(frozen=True)
 class NearMiss:
-    """A node where a rule's root target matched but the whole pattern did not (``explain``)."""
+    """A node where a rule's root target matched but the rule did not apply (``explain``).
+
+    ``code``: a :class:`MissCode` when the pattern or a condition failed, the refusal's
+    :class:`RefusalCode` when everything matched and the rewrite is refused."""
 
     rule: str
     location: str  # rule file:line:col of the pattern part that failed
@@ -131,6 +141,7 @@ class NearMiss:
     reason: str
     depth: int
     stack_trace: Optional[str] = None
+    code: "MissCode | RefusalCode" = field(kw_only=True)
 
     def __str__(self) -> str:
         text = f"{self.location}: rule `{self.rule}` did not match at %{self.node}: {self.reason}"

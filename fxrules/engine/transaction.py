@@ -30,6 +30,7 @@ from fxrules.engine.errors import ModelError
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
 from fxrules.engine.program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
+from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr", "custom")
@@ -633,12 +634,13 @@ class _ReplacementWriter:
         meta["fxrules"] = {"rule": self.origin[0], "source": self.origin[1]}
 
 
-def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | str":
-    """Rewrite one match. Returns the report entry and the nodes to revisit, or why a builder declined."""
+def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | Refusal":
+    """Rewrite one match. Returns the report entry and the nodes to revisit, or, when a builder
+    declined (before the graph is touched), a ``builder-declined`` Refusal naming the roots."""
     writer = _ReplacementWriter(work, match)
     declined = writer.make_modules()
     if declined is not None:
-        return declined
+        return Refusal(RefusalCode.BUILDER_DECLINED, declined, tuple(n.name for n in match.roots))
     graph = work.graph
     with graph.inserting_before(plan.anchor):
         new_values = [writer.value(r) for r in match.program.replacements]

@@ -708,7 +708,7 @@ def _near_miss(miss) -> dict:
             file, line = head, int(col)
     stage = "refused" if miss.depth >= 1 << 21 else "condition" if miss.depth >= 1 << 20 else "pattern"
     return {"rule": miss.rule, "location": miss.location, "file": file, "line": line, "column": column,
-            "node": miss.node, "reason": miss.reason, "stage": stage,
+            "node": miss.node, "reason": miss.reason, "code": str(miss.code), "stage": stage,
             "depth": miss.depth if stage == "pattern" else None,
             "stack_trace": miss.stack_trace, "frames": _user_frames(miss.stack_trace)}
 
