@@ -536,12 +536,12 @@ def test_explain_json_with_export_and_one_rule(runs, work):
     misses = payload["near_misses"]
     assert misses and {m["rule"] for m in misses} == {"aten_relu_idempotent"}
     first = misses[0]
-    assert list(first) == ["rule", "location", "file", "line", "column", "node", "reason", "stage", "depth",
+    assert list(first) == ["rule", "location", "file", "line", "column", "node", "reason", "code", "stage", "depth",
                            "stack_trace", "frames"]
     assert first["file"] == str(work / "aten_relu.fxr") and first["location"] == \
         f"{first['file']}:{first['line']}:{first['column']}"
     assert first["stage"] == "pattern" and isinstance(first["depth"], int)
-    assert "expected aten.relu.default" in first["reason"]
+    assert first["code"] == "target-mismatch" and "expected aten.relu.default" in first["reason"]
     assert first["stack_trace"] and first["frames"][-1]["file"].endswith("zoo.py")
     assert set(first["frames"][-1]) == {"file", "line", "function", "code"}
 

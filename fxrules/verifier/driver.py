@@ -27,11 +27,12 @@ The property, by contract:
 ``changes``
     the rewritten model runs; the verdict says whether shapes were kept.
 
-Grades: ``validated`` (all evidence agrees), ``wrong`` (a contract broken),
+Grades (:class:`Grade`): ``validated`` (all evidence agrees), ``wrong`` (a contract broken),
 ``noisy`` (a negative example rewritten), ``missing`` (a positive example not
 rewritten as expected), ``unverified`` (no host graphs could be drawn — no sampler
 for one of its ops, or none the rule rewrites — and no positive example),
-``error`` (an example cannot be built or run).
+``error`` (an example cannot be built or run). Why host graphs could not verify a rule
+is a :class:`HostsGap`; the verdict's note is written from it and the other facts at the end.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import hashlib
 import time
 import warnings
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Iterable, Optional
 
 import torch
@@ -51,8 +53,74 @@ import torch
 from fxrules.lang.diagnostics import FxrulesError
 from fxrules.lang.ruleset import CheckedRule, RuleSet
 
-GRADES = ("validated", "wrong", "noisy", "missing", "unverified", "error")
-_SEVERITY = {"wrong": 5, "error": 4, "noisy": 3, "missing": 2, "unverified": 1, "validated": 0}
+
+
+class Grade(StrEnum):
+    """A rule's (or an example's) verdict. String-valued: prints, compares and serialises as its value."""
+
+    VALIDATED = "validated"
+    WRONG = "wrong"
+    NOISY = "noisy"
+    MISSING = "missing"
+    UNVERIFIED = "unverified"
+    ERROR = "error"
+
+    @property
+    def severity(self) -> int:
+        """How bad: a rule's grade is its worst piece of evidence's."""
+        return _SEVERITY[self]
+
+
+GRADES = tuple(Grade)
+_SEVERITY = {Grade.WRONG: 5, Grade.ERROR: 4, Grade.NOISY: 3, Grade.MISSING: 2, Grade.UNVERIFIED: 1,
+             Grade.VALIDATED: 0}
+
+
+class HostsGap(StrEnum):
+    """Why host graphs did not verify a rule (a :class:`HostsNote`'s kind)."""
+
+    NO_SAMPLER = "no-sampler"
+    """An op of the pattern has no sampler: no host can be drawn."""
+    NONE_REWRITTEN = "none-rewritten"
+    """Hypothesis gave up: none of the drawn hosts was rewritten (the conditions declined them)."""
+    NO_HOST_REWRITTEN = "no-host-rewritten"
+    """The run ended with no host rewritten."""
+    DID_NOT_REPRODUCE = "did-not-reproduce"
+    """A ``--reproduce`` counterexample did not reproduce."""
+    FLAKY = "flaky"
+    """Hypothesis found the host check flaky."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostsNote:
+    """The facts behind a verdict's ``hosts_note``; :meth:`text` writes the note from them.
+
+    ``missing``: the ops without a sampler (``no-sampler``); ``declined``: hosts drawn and
+    not rewritten (``none-rewritten``); ``detail``: hypothesis' message (``flaky``).
+    """
+
+    gap: HostsGap
+    missing: tuple[str, ...] = ()
+    declined: int = 0
+    detail: str = ""
+
+    def text(self, examples_rewrote: bool) -> str:
+        """The note; when the hosts verified nothing, it says what to do about it, or that the
+        rule's examples (``examples_rewrote``: one was rewritten) verify it instead."""
+        advice = " (its examples verify it)" if examples_rewrote else "; add an example"
+        gap = self.gap
+        if gap is HostsGap.NO_SAMPLER:
+            return f"not verified on host graphs: no sampler for {', '.join(self.missing)}{advice}"
+        if gap is HostsGap.NONE_REWRITTEN:
+            return (f"not verified on host graphs: none of the drawn hosts was rewritten by the rule "
+                    f"({self.declined} declined){advice}")
+        if gap is HostsGap.NO_HOST_REWRITTEN:
+            return f"not verified on host graphs: no host was rewritten by the rule{advice}"
+        if gap is HostsGap.DID_NOT_REPRODUCE:
+            return "the given counterexample did not reproduce (the rule, its samplers or hypothesis changed)"
+        return f"host check flaky: {self.detail}"
+
+
 DEFAULT_DTYPES = (torch.float32, torch.float64, torch.float32, torch.float64, torch.float16, torch.bfloat16)
 """The host dtypes drawn (repeats weigh the draw): mostly float32 and float64, sometimes the half types."""
 
@@ -95,11 +163,11 @@ class ExampleOutcome:
     expected: str
     rewrites: int
     problem: Optional[str]  # None when the example behaved
-    grade: str  # validated, missing, noisy, wrong, error
+    grade: Grade  # validated, missing, noisy, wrong, error
 
     def to_json(self) -> dict:
         return {"location": self.location, "expected": self.expected, "rewrites": self.rewrites,
-                "problem": self.problem, "grade": self.grade}
+                "problem": self.problem, "grade": str(self.grade)}
 
 
 @dataclass(frozen=True)
@@ -109,17 +177,18 @@ class RuleVerdict:
     rule: str
     source: str  # file:line
     contract: str
-    grade: str
+    grade: Grade
     hosts_checked: int
     hosts_discarded: int
     hosts_note: Optional[str]  # why hosts could not be checked ("no sampler for ...")
     examples: tuple[ExampleOutcome, ...] = ()
     counterexample: Optional[Counterexample] = None
     shapes_kept: Optional[bool] = None  # for [changes] rules: did every checked rewrite keep shapes?
+    hosts_gap: Optional[HostsGap] = None  # hosts_note's kind, for programs
 
     @property
     def ok(self) -> bool:
-        return self.grade == "validated"
+        return self.grade is Grade.VALIDATED
 
     def render(self) -> str:
         head = f"{self.source}: {self.rule} [{self.contract}]: {self.grade}"
@@ -141,9 +210,10 @@ class RuleVerdict:
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"rule": self.rule, "source": self.source, "contract": self.contract, "grade": self.grade,
+        return {"rule": self.rule, "source": self.source, "contract": self.contract, "grade": str(self.grade),
                 "hosts_checked": self.hosts_checked, "hosts_discarded": self.hosts_discarded,
-                "hosts_note": self.hosts_note, "shapes_kept": self.shapes_kept,
+                "hosts_note": self.hosts_note, "hosts_gap": None if self.hosts_gap is None else str(self.hosts_gap),
+                "shapes_kept": self.shapes_kept,
                 "examples": [e.to_json() for e in self.examples],
                 "counterexample": None if self.counterexample is None else self.counterexample.to_json()}
 
@@ -161,7 +231,7 @@ class VerifyReport:
         return all(v.ok for v in self.verdicts)
 
     def counts(self) -> dict[str, int]:
-        return {grade: sum(v.grade == grade for v in self.verdicts) for grade in GRADES}
+        return {str(grade): sum(v.grade is grade for v in self.verdicts) for grade in GRADES}
 
     def __getitem__(self, rule: str) -> RuleVerdict:
         for verdict in self.verdicts:
@@ -231,21 +301,23 @@ def _differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return float(diff.max()), float(rel.max())
 
 
-def compare(before: Any, after: Any, contract: str, reference: Optional[Any] = None) -> _Comparison:
+def compare(before: Any, after: Any, contract: str, reference: Optional[Any] = None, *,
+            noun: str = "output") -> _Comparison:
     """Outputs ``after`` (rewritten) against ``before`` (original) by ``contract``.
 
     ``reference``: the original's outputs computed in float64, used by ``approx`` for the
-    low-precision dtypes (see the module docstring)."""
+    low-precision dtypes (see the module docstring). ``noun``: what the compared values are,
+    for the problem's wording (``"input gradient"`` when comparing gradients)."""
     old, new = _flatten(before), _flatten(after)
     out = _Comparison()
     if len(old) != len(new):
         out.shapes_kept = False
         if contract != "changes":
-            out.problem = f"the model had {len(old)} outputs and has {len(new)} after the rewrite"
+            out.problem = f"the model had {len(old)} {noun}s and has {len(new)} after the rewrite"
         return out
     refs = _flatten(reference) if reference is not None else [None] * len(old)
     for index, (a, b, ref) in enumerate(zip(new, old, refs)):
-        where = f"output {index}" if len(old) > 1 else "the output"
+        where = f"{noun} {index}" if len(old) > 1 else f"the {noun}"
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
             if type(a) is not type(b) or a != b:
                 out.shapes_kept = out.shapes_kept and type(a) is type(b)
@@ -369,10 +441,9 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
         except RuntimeError:
             grads_before = grads_after = None
         if grads_before is not None and grads_after is not None:
-            grad_outcome = compare(grads_before, grads_after, rule.contract)
+            grad_outcome = compare(grads_before, grads_after, rule.contract, noun="input gradient")
             if grad_outcome.problem is not None:
-                outcome = _Comparison("gradients: " + grad_outcome.problem.replace("output", "input gradient"),
-                                      grad_outcome.max_abs, grad_outcome.max_rel)
+                outcome = _Comparison("gradients: " + grad_outcome.problem, grad_outcome.max_abs, grad_outcome.max_rel)
     if outcome.problem is not None:
         return count, Counterexample(outcome.problem, facts, outcome.max_abs, outcome.max_rel, code), \
             outcome.shapes_kept
@@ -387,7 +458,7 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
 class _HostResult:
     checked: int = 0
     discarded: int = 0
-    note: Optional[str] = None
+    note: Optional[HostsNote] = None
     counterexample: Optional[Counterexample] = None
     shapes_kept: set = field(default_factory=set)
 
@@ -406,7 +477,7 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     result = _HostResult()
     missing = missing_samplers(program.roots, catalogue)
     if missing:
-        result.note = f"not verified on host graphs: no sampler for {', '.join(missing)}; add an example"
+        result.note = HostsNote(HostsGap.NO_SAMPLER, missing=tuple(missing))
         return result
 
     def test(data):
@@ -470,14 +541,13 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
         result.counterexample = Counterexample(counterexample.problem, counterexample.facts, counterexample.max_abs,
                                                counterexample.max_rel, counterexample.code, blob, command)
     except DidNotReproduce:
-        result.note = "the given counterexample did not reproduce (the rule, its samplers or hypothesis changed)"
+        result.note = HostsNote(HostsGap.DID_NOT_REPRODUCE)
     except Unsatisfiable:
-        result.note = ("not verified on host graphs: none of the drawn hosts was rewritten by the rule "
-                       f"({result.discarded} declined); add an example")
+        result.note = HostsNote(HostsGap.NONE_REWRITTEN, declined=result.discarded)
     except Flaky as exc:
-        result.note = f"host check flaky: {str(exc).splitlines()[0]}"
+        result.note = HostsNote(HostsGap.FLAKY, detail=str(exc).splitlines()[0])
     if result.checked == 0 and result.counterexample is None and result.note is None:
-        result.note = "not verified on host graphs: no host was rewritten by the rule; add an example"
+        result.note = HostsNote(HostsGap.NO_HOST_REWRITTEN)
     return result
 
 
@@ -525,7 +595,7 @@ def _check_examples(rule: CheckedRule, rule_set: RuleSet, single: RuleSet,
         except Exception as exc:
             outcomes.append(ExampleOutcome(location, "build and run", 0,
                                            f"the example model cannot be built or run: {type(exc).__name__}: {exc}",
-                                           "error"))
+                                           Grade.ERROR))
             continue
         facts = tuple(f"module {name}: {module!r}" for name, module in model.module.named_children()) + tuple(
             f"input ${spec.name}: {spec.dtype or 'float32'}{list(spec.shape)}" for spec in example.inputs)
@@ -538,13 +608,13 @@ def _check_examples(rule: CheckedRule, rule_set: RuleSet, single: RuleSet,
             problem = counterexample.problem
             if not model.accepts(count):
                 problem = f"rewritten {count} time{'s' * (count != 1)} (it should {model.expected}), and {problem}"
-            outcomes.append(ExampleOutcome(location, model.expected, count, problem, "wrong"))
+            outcomes.append(ExampleOutcome(location, model.expected, count, problem, Grade.WRONG))
         elif not model.accepts(count):
-            grade = "noisy" if example.count == 0 else "missing"
+            grade = Grade.NOISY if example.count == 0 else Grade.MISSING
             outcomes.append(ExampleOutcome(location, model.expected, count,
                                            f"rewritten {count} time{'s' * (count != 1)}", grade))
         else:
-            outcomes.append(ExampleOutcome(location, model.expected, count, None, "validated"))
+            outcomes.append(ExampleOutcome(location, model.expected, count, None, Grade.VALIDATED))
     return outcomes, first_counterexample, kept
 
 
@@ -561,21 +631,25 @@ def verify_rule(rule_set: RuleSet, name: str, options: VerifyOptions = VerifyOpt
         hosts = _check_hosts(rule, rule_set, single, options)
         examples, example_counterexample, kept = _check_examples(rule, rule_set, single, options)
     counterexample = hosts.counterexample or example_counterexample
-    grades = [e.grade for e in examples]
-    if counterexample is not None:
-        grade = "wrong"
-    else:
-        grade = max(grades, key=_SEVERITY.__getitem__, default="validated")
-        positive_checked = any(e.grade == "validated" and e.rewrites > 0 for e in examples)
-        if _SEVERITY[grade] < _SEVERITY["unverified"] and hosts.checked == 0 and not positive_checked:
-            grade = "unverified"
+    grade = _grade(examples, counterexample, hosts.checked)
     note = hosts.note
-    if note is not None and note.endswith("; add an example") and any(e.rewrites > 0 for e in examples):
-        note = note[: -len("; add an example")] + " (its examples verify it)"
+    text = None if note is None else note.text(examples_rewrote=any(e.rewrites > 0 for e in examples))
     shapes = hosts.shapes_kept | kept
     shapes_kept = None if rule.contract != "changes" or not shapes else all(shapes)
-    return RuleVerdict(rule.name, rule.source, rule.contract, grade, hosts.checked, hosts.discarded, note,
-                       tuple(examples), counterexample, shapes_kept)
+    return RuleVerdict(rule.name, rule.source, rule.contract, grade, hosts.checked, hosts.discarded, text,
+                       tuple(examples), counterexample, shapes_kept, None if note is None else note.gap)
+
+
+def _grade(examples: list[ExampleOutcome], counterexample: Optional[Counterexample], hosts_checked: int) -> Grade:
+    """A rule's grade: ``wrong`` with a counterexample, else its worst example's, and ``unverified``
+    rather than ``validated`` when neither a host nor a positive example checked the contract."""
+    if counterexample is not None:
+        return Grade.WRONG
+    grade = max((e.grade for e in examples), key=_SEVERITY.__getitem__, default=Grade.VALIDATED)
+    positive_checked = any(e.grade is Grade.VALIDATED and e.rewrites > 0 for e in examples)
+    if grade.severity < Grade.UNVERIFIED.severity and hosts_checked == 0 and not positive_checked:
+        return Grade.UNVERIFIED
+    return grade
 
 
 def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: bool = False,
