@@ -95,5 +95,6 @@ def test_a_builder_argument_computed_by_the_graph_is_a_reported_refusal():
     result = fxrules.apply_rules(_export(model, x), rules)
     assert not result.report.applied
     (refused,) = result.report.rejected
+    assert refused.code == "builder-declined"
     assert "fold_aten_conv_bn declined" in refused.reason and "$w is computed by node %mul" in refused.reason
     torch.testing.assert_close(result.module(x), model(x))

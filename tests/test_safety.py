@@ -156,6 +156,7 @@ def test_b_inplace_mutation_between_matched_nodes():
     assert result.counts == {}
     [rejected] = result.report.rejected
     assert rejected.rule == "respell"
+    assert rejected.code == "reads-across-mutation" and rejected.nodes == ("mul", "add_")
     assert "in place" in rejected.reason and "add_" in rejected.reason
     assert "respell" in result.report.table()
     assert_close(result.module(x.clone()), expected, rtol=0, atol=0)
@@ -180,6 +181,7 @@ def test_b_replacing_a_value_that_is_later_mutated_is_refused(examples):
     model = M()
     result = fxrules.apply_rules(model, examples.select(names=["mul_one"]))
     assert result.counts == {}
+    assert [r.code for r in result.report.rejected] == ["replaced-node-mutated"]
     assert any("in place" in r.reason for r in result.report.rejected)
     x = randn(4)
     ex, ey = model(x.clone())
@@ -552,6 +554,7 @@ def test_j_print_and_inplace_calls_survive(examples, capsys):
     assert {rule for rule, _ in reasons} == {"drop_print", "drop_add_", "skip_add_"}
     assert "side effect" in reasons[("drop_print", "print_1")] and "print" in reasons[("drop_print", "print_1")]
     assert all("in place" in reason for (rule, _), reason in reasons.items() if rule != "drop_print")
+    assert {r.code for r in result.report.rejected} == {"drops-side-effect"}
     x = torch.linspace(-2, 2, 5)
     capsys.readouterr()
     expected = model(x)

@@ -176,6 +176,7 @@ def test_explain_still_says_why_near_misses_fail():
     misses = fxrules.explain(gm, _rules(), rule="near_sin")
     assert misses
     assert all("expected" in m.reason or "argument" in m.reason for m in misses), [m.reason for m in misses]
+    assert all(m.code != "pattern-mismatch" for m in misses), [m.code for m in misses]  # a specific code each
     assert any("torch.sin" in m.reason or "sin" in m.reason for m in misses)
 
 
