@@ -130,9 +130,10 @@ def test_gradients_are_compared_with_grad():
 def test_an_op_without_a_sampler_is_unverified_not_passed():
     (verdict,) = _verify("call_function torch.special.i0e($x) -> call_function torch.special.i0e($x, out=None)"
                          ).verdicts
-    assert verdict.grade == "unverified"
+    assert verdict.grade == "unverified" and verdict.hosts_gap == "no-sampler"
     assert "no sampler for torch.special.i0e" in verdict.hosts_note
     assert "add an example" in verdict.hosts_note
+    assert verdict.to_json()["hosts_gap"] == "no-sampler"
 
 
 def test_examples_are_graded():
@@ -176,6 +177,8 @@ rule examples_only "no sampler, validated by its examples" [exact]:
     assert "cannot be built or run" in report["unbuildable"].examples[0].problem
     assert "example at wrong.fxr:18" in report["wrong_example"].counterexample.facts[0]
     assert report["examples_only"].hosts_note.startswith("not verified on host graphs: no sampler")
+    assert report["examples_only"].hosts_note.endswith(" (its examples verify it)")
+    assert report["examples_only"].hosts_gap == "no-sampler"
     assert report.counts()["validated"] == 2
 
 
@@ -293,5 +296,6 @@ def test_a_counterexample_replays_from_its_reproduce_line():
     assert again.counterexample.code == verdict.counterexample.code
     (other,) = _verify("[exact] call_function torch.neg(call_function torch.neg($x)) -> $x", reproduce=line).verdicts
     assert other.grade == "unverified" and "did not reproduce" in other.hosts_note
+    assert other.hosts_gap == "did-not-reproduce"
     with pytest.raises(ValueError, match="not a reproduce line"):
         _verify(WRONG_RULES["relu_is_sigmoid"], reproduce="import os")
