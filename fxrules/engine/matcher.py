@@ -142,7 +142,8 @@ class _Matcher:
                 f"expected {pattern.label}, found {_show(value)}", pattern.span)
         if kind is PSeq:
             if not isinstance(value, (list, tuple)) or len(value) != len(pattern.items):
-                return self.fail(_SEQUENCE, lambda: f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
+                return self.fail(_SEQUENCE, lambda:
+                    f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
             return all(self.match(p, v) for p, v in zip(pattern.items, value))
         if kind is PBind:
             if not self.match(pattern.inner, value):
@@ -154,8 +155,8 @@ class _Matcher:
             if bound is _MISSING:
                 self.env.pending_refs.append((pattern.name, value))
                 return True
-            return bound is value or self.fail(_NAMED_NODE, lambda: f"expected the node named `{pattern.name}` ({_show(bound)}), "
-                                               f"found {_show(value)}", pattern.span)
+            return bound is value or self.fail(_NAMED_NODE, lambda:
+                f"expected the node named `{pattern.name}` ({_show(bound)}), found {_show(value)}", pattern.span)
         if kind is PAlt:
             for option in pattern.options:
                 state = self.env.snapshot()
@@ -174,13 +175,15 @@ class _Matcher:
             return True
         if _same_value(bound, value):
             return True
-        return self.fail(_CAPTURE, lambda: f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
+        return self.fail(_CAPTURE, lambda:
+            f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
 
     def get_attr(self, pattern: PGetAttr, value: Any) -> bool:
         if not isinstance(value, fx.Node) or value.op != "get_attr":
             return self.fail(_OP, lambda: f"expected a get_attr node, found {_show(value)}", pattern.span)
         if pattern.qualname is not None and value.target != pattern.qualname:
-            return self.fail(_TARGET, lambda: f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
+            return self.fail(_TARGET, lambda:
+                f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
         if pattern.capture is not None and not self.capture(pattern.capture, value, pattern.span):
             return False
         self.env.attrs[value] = None
@@ -191,16 +194,18 @@ class _Matcher:
         if not isinstance(value, fx.Node):
             return self.fail(_OP, lambda: f"expected {pattern.op} {pattern.label}, found {_show(value)}", pattern.span)
         if value.op != pattern.op:
-            return self.fail(_OP, lambda: f"expected {pattern.op} {pattern.label}, found {value.op} {_target(value)}", pattern.span)
+            return self.fail(_OP, lambda:
+                f"expected {pattern.op} {pattern.label}, found {value.op} {_target(value)}", pattern.span)
         module = None
         if pattern.op == "call_module":
             module = self.view.module_of(value.target)
             if module is None or not any(_module_matches(module, cls) for cls in pattern.targets):
-                return self.fail(_TARGET, lambda: f"expected a {pattern.label} module, found {type(module).__name__} "
-                                 f"`{value.target}`", pattern.span)
+                return self.fail(_TARGET, lambda:
+                    f"expected a {pattern.label} module, found {type(module).__name__} `{value.target}`", pattern.span)
         elif pattern.op == "call_method":
             if value.target not in pattern.targets:
-                return self.fail(_TARGET, lambda: f"expected method {pattern.label}, found {value.target}", pattern.span)
+                return self.fail(_TARGET, lambda:
+                    f"expected method {pattern.label}, found {value.target}", pattern.span)
         elif not _same_target(value.target, pattern.targets):
             return self.fail(_TARGET, lambda: f"expected {pattern.label}, found {_target(value)}", pattern.span)
         self.depth += 1
@@ -247,13 +252,15 @@ class _Matcher:
                     if have is signatures.EMPTY:
                         return self.fail(_ARGUMENT_MISSING, lambda: f"argument `{param}` is missing", pattern.span)
                 if not self.match(want, have):
-                    return self.fail(_ARGUMENT, lambda: f"argument `{param}` does not match: {_show(have)}", pattern.span)
+                    return self.fail(_ARGUMENT, lambda:
+                        f"argument `{param}` does not match: {_show(have)}", pattern.span)
             elif have is not _MISSING and not pattern.rest:
                 default = signatures.default(sig, param)
                 if default is signatures.EMPTY or not _same_value(default, have):
-                    return self.fail(_UNEXPECTED_ARGUMENT, lambda: f"argument `{param}` is {_show(have)}; the pattern does not mention it, so it "
-                                     f"must be absent or at {_shown_default(default)} (end the pattern's arguments with `...` to "
-                                     f"accept any)", pattern.span)
+                    return self.fail(_UNEXPECTED_ARGUMENT, lambda:
+                        f"argument `{param}` is {_show(have)}; the pattern does not mention it, so it "
+                        f"must be absent or at {_shown_default(default)} (end the pattern's arguments with `...` to "
+                        f"accept any)", pattern.span)
         if pattern.rest:
             self.env.rest = _rest(pattern, node, expected)
         return True
@@ -262,8 +269,8 @@ class _Matcher:
         args, kwargs = node.args, node.kwargs
         count = len(pattern.args)
         if len(args) < count or (len(args) > count and not pattern.rest):
-            return self.fail(_ARGUMENT_COUNT, lambda: f"expected {count} positional argument{'s' * (count != 1)}, found {len(args)}",
-                             pattern.span)
+            return self.fail(_ARGUMENT_COUNT, lambda:
+                f"expected {count} positional argument{'s' * (count != 1)}, found {len(args)}", pattern.span)
         for want, have in zip(pattern.args, args):
             if not self.match(want, have):
                 return False
@@ -275,7 +282,8 @@ class _Matcher:
                 return False
         extra = [k for k in kwargs if k not in named]
         if extra and not pattern.rest:
-            return self.fail(_UNEXPECTED_ARGUMENT, lambda: f"keyword argument `{extra[0]}` is not in the pattern", pattern.span)
+            return self.fail(_UNEXPECTED_ARGUMENT, lambda:
+                f"keyword argument `{extra[0]}` is not in the pattern", pattern.span)
         if pattern.rest:
             self.env.rest = (tuple(args[count:]), {k: v for k, v in kwargs.items() if k not in named})
         return True
