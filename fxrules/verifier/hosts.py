@@ -107,7 +107,7 @@ class HostGraphWriter:
             reject()
         self.graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
         module = fx.GraphModule(self.root, self.graph, class_name="Host")
-        module.train(self.training)
+        module.training = self.training  # not train(): each submodule has its mode, a pattern's {training=...} too
         return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines)
 
     # -- patterns -------------------------------------------------------------------------
