@@ -107,7 +107,7 @@ class HostGraphWriter:
             reject()
         self.graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
         module = fx.GraphModule(self.root, self.graph, class_name="Host")
-        module.train(self.training)
+        module.training = self.training  # not train(): each submodule has its mode, a pattern's {training=...} too
         return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines)
 
     # -- patterns -------------------------------------------------------------------------
@@ -343,6 +343,7 @@ class HostGraphWriter:
             elif not param.optional and (p.args is None or p.rest or index >= len(mapping)):
                 ctx[param.name] = self.free(param, ctx, ranks)
         args, kwargs, skipped = [], {}, False
+        keyword_only = _keyword_only(p)
         for param in sampler.params:
             if param.name not in ctx:
                 skipped = True
@@ -350,7 +351,7 @@ class HostGraphWriter:
             value = ctx[param.name]
             if param.var:
                 args.extend(value if isinstance(value, (list, tuple)) else [value])
-            elif skipped:
+            elif skipped or param.name in keyword_only:
                 kwargs[param.name] = value
             else:
                 args.append(value)
@@ -411,6 +412,14 @@ class HostGraphWriter:
                 return run()
         except Exception:  # an op that does not accept this combination: draw another host
             reject()
+
+
+def _keyword_only(p: PCall) -> frozenset:
+    """The parameters the target takes by keyword only (``F.gelu``'s ``approximate``), by the signatures
+    the compiler bound the pattern to: a host must pass them by name, or every call raises and every
+    host is discarded."""
+    return frozenset(name for sig, _ in p.overloads for name, param in sig.parameters.items()
+                     if param.kind is param.KEYWORD_ONLY)
 
 
 def _clone(value: Any) -> Any:
