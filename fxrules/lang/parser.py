@@ -436,9 +436,10 @@ def parse_direct(source: Source) -> A.RuleFile:
 
 
 def parse_lark(source: Source) -> A.RuleFile:
-    """The reference path of :func:`parse`: Lark's LALR loop, with :class:`_Lexer` and the same
-    reductions as its callbacks (a shift's value is the scanner's ``re.Match`` for the token, as
-    in the direct loop). Lark finds any syntax error; this module words it."""
+    """The fallback of :func:`parse`, and what the tests hold the direct loop to: Lark's LALR loop,
+    with :class:`_Lexer` and the same reductions as its callbacks (a shift's value is the
+    scanner's ``re.Match`` for the token, as in the direct loop). Lark finds any syntax error;
+    this module words it."""
     text = _with_newline(source.text)
     parser, table = _get_parser(), tables()
     target = Reductions(source.path, text)
