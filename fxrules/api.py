@@ -2,6 +2,9 @@
 
 ``load_rules``/``parse_rules`` run the front end (no torch needed). The engine
 functions are added by the engine modules and import torch when called.
+
+Each function is an entry point: it holds :func:`fxrules.lang.runtime.entered` (the
+garbage collector paused, the recursion limit raised) for its duration, and restores both.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Iterable, Union
 from fxrules.lang.load import as_rule_set, load_paths, load_sources
 from fxrules.lang.names import Resolver
 from fxrules.lang.ruleset import RuleSet
+from fxrules.lang.runtime import entered
 from fxrules.lang.source import Source
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -28,14 +32,16 @@ def load_rules(*paths: PathLike, allow_imports: Iterable[str] = ()) -> RuleSet:
         raise TypeError("load_rules() needs at least one path")
     if len(paths) == 1 and isinstance(paths[0], (list, tuple)):
         paths = tuple(paths[0])
-    return load_paths(paths, Resolver(allow_imports))
+    with entered():
+        return load_paths(paths, Resolver(allow_imports))
 
 
 def parse_rules(text: str, source: str = "<string>", *, allow_imports: Iterable[str] = ()) -> RuleSet:
     """Parse and check rules given as text; ``source`` is the name diagnostics use."""
     if not isinstance(text, str):
         raise TypeError(f"parse_rules() takes the rule text as str, not {type(text).__name__}")
-    return load_sources([Source(source, text)], Resolver(allow_imports))
+    with entered():
+        return load_sources([Source(source, text)], Resolver(allow_imports))
 
 
 def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, tracer=None, concrete_args=None,
@@ -54,8 +60,9 @@ def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, trace
     """
     from fxrules.engine.driver import run_apply
 
-    return run_apply(model, as_rule_set(rules, allow_imports), example_inputs=example_inputs,
-                     max_iterations=max_iterations, tracer=tracer, concrete_args=concrete_args)
+    with entered():
+        return run_apply(model, as_rule_set(rules, allow_imports), example_inputs=example_inputs,
+                         max_iterations=max_iterations, tracer=tracer, concrete_args=concrete_args)
 
 
 def find_matches(model, rules, *, example_inputs=None, tracer=None, concrete_args=None,
@@ -63,8 +70,9 @@ def find_matches(model, rules, *, example_inputs=None, tracer=None, concrete_arg
     """Every match of every rule in ``model``, without rewriting (one pass, graph order)."""
     from fxrules.engine.driver import run_find
 
-    return run_find(model, as_rule_set(rules, allow_imports), example_inputs=example_inputs, tracer=tracer,
-                    concrete_args=concrete_args)
+    with entered():
+        return run_find(model, as_rule_set(rules, allow_imports), example_inputs=example_inputs, tracer=tracer,
+                        concrete_args=concrete_args)
 
 
 def explain(model, rules, *, rule=None, example_inputs=None, tracer=None, concrete_args=None,
@@ -76,5 +84,6 @@ def explain(model, rules, *, rule=None, example_inputs=None, tracer=None, concre
     """
     from fxrules.engine.driver import run_explain
 
-    return run_explain(model, as_rule_set(rules, allow_imports), rule=rule, example_inputs=example_inputs,
-                       tracer=tracer, concrete_args=concrete_args)
+    with entered():
+        return run_explain(model, as_rule_set(rules, allow_imports), rule=rule, example_inputs=example_inputs,
+                           tracer=tracer, concrete_args=concrete_args)

@@ -32,6 +32,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from fxrules.api import apply_rules
 from fxrules.lang.load import as_rule_set
+from fxrules.lang.runtime import entered
 from fxrules.engine.report import Report
 from fxrules.lang.ruleset import RuleSet
 
@@ -64,7 +65,8 @@ class RulePass(PassBase):
     def __init__(self, rules: Union[RuleSet, str, Any], *, example_inputs: Optional[tuple] = None,
                  max_iterations: Optional[int] = None, allow_imports: Iterable[str] = ()):
         super().__init__()
-        self.rules: RuleSet = as_rule_set(rules, allow_imports)
+        with entered():  # an entry point: loading rules (each run goes through apply_rules, another)
+            self.rules: RuleSet = as_rule_set(rules, allow_imports)
         self.example_inputs = tuple(example_inputs) if example_inputs is not None else None
         self.max_iterations = max_iterations
         self.reports: list[Report] = []
@@ -213,4 +215,6 @@ def compile_backend(rules: Union[RuleSet, str, Any], then: Union[str, Callable] 
         compiled(x)
         print(backend.counts)
     """
-    return RuleBackend(as_rule_set(rules, allow_imports), then, max_iterations=max_iterations, on_error=on_error)
+    with entered():  # an entry point: loading rules (each run goes through apply_rules, another)
+        rule_set = as_rule_set(rules, allow_imports)
+    return RuleBackend(rule_set, then, max_iterations=max_iterations, on_error=on_error)

@@ -1,17 +1,16 @@
-"""The direct path from text to AST changes nothing but the time.
+"""The direct loop from text to AST changes nothing but the time.
 
-``fxrules.lang.reductions.build_direct`` (the parser's LALR loop making AST nodes in its
-reductions, with its own scanner) must make exactly what the reference path makes,
-``builder.build(parser.parse_tree(src), src)`` (Lark's tree, then the builder), spans
-included; and where the reference path reports a problem, the direct path must give up
-(:class:`fxrules.lang.reductions.NotDirect`) so that the front end reports it the reference way.
+Both of the parser's loops call the one set of reductions (``fxrules.lang.reductions``):
+``parser.parse_direct`` (its own scanner and LALR loop) must make exactly what
+``parser.parse_lark`` (Lark's loop and lexer, the fallback, forced here on valid text) makes,
+spans included, or report the same problem; and where Lark finds a syntax error the direct
+loop must give up (:class:`fxrules.lang.parser.NotDirect`) so that Lark's loop words it.
 Checked on the pass and fail corpora, the bundled library, the benchmark workloads,
 generated files, and the parser fuzz tests' strategies.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
@@ -21,47 +20,44 @@ from hypothesis import strategies as st
 
 import fxrules
 import fxrules.lang.ast as A
-import fxrules.lang.reductions as builder
-import fxrules.lang.load as frontend
+import fxrules.lang.reductions as reductions
 import fxrules.lang.parser as parser
 from fxrules.errors import RuleFileError
 from fxrules.lang.source import Source, read
+from tests.ast_shape import listing
 from tests.test_parser_fuzz import _nest, grammar_texts, token_soup
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def listing(node: object) -> list:
-    """Everything in an AST, pre-order: node types, every field (spans too), literal types."""
-    out: list = []
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, A.Span):
-            out.append(("Span", tuple(item)))
-        elif dataclasses.is_dataclass(item):
-            values = [getattr(item, f.name) for f in dataclasses.fields(item)]
-            out.append((type(item).__name__, len(values)))
-            stack.extend(reversed(values))
-        elif isinstance(item, tuple):
-            out.append(("tuple", len(item)))
-            stack.extend(reversed(item))
-        else:  # (ints in hexadecimal: repr refuses those of over 4300 digits, which hex literals make)
-            out.append((type(item).__name__, hex(item) if type(item) is int else repr(item)))
-    return out
+def diagnostics(exc: RuleFileError) -> list:
+    return [(d.code, d.line, d.column, d.end_line, d.end_column, d.message) for d in exc.diagnostics]
 
 
 def both_ways(text: str, path: str = "<both>") -> bool:
-    """Build ``text`` both ways and check they agree; True if it built."""
+    """Parse ``text`` with both loops and check they agree; True if it parsed.
+
+    A syntax error: the direct loop gives up. A problem the reductions find: both loops
+    report the same diagnostic."""
     src = Source(path, text)
     try:
-        reference = builder.build(parser.parse_tree(src), src)
-    except RuleFileError:
-        with pytest.raises(builder.NotDirect):
-            builder.build_direct(src)
+        reference = parser.parse_lark(src)
+    except RuleFileError as exc:
+        try:
+            parser.parse_direct(src)
+        except parser.NotDirect:
+            pass
+        except RuleFileError as direct_exc:
+            assert diagnostics(direct_exc) == diagnostics(exc)
+        else:
+            raise AssertionError("the direct loop parsed what Lark's loop refused")
+        with pytest.raises(RuleFileError) as caught:
+            parser.parse(src)
+        assert diagnostics(caught.value) == diagnostics(exc)
         return False
-    direct = builder.build_direct(src)
+    direct = parser.parse_direct(src)
     assert listing(direct) == listing(reference)
+    assert listing(parser.parse(src)) == listing(reference)
     return True
 
 
@@ -86,7 +82,7 @@ def test_the_pass_corpus_and_the_library_build_directly():
     paths = [p for p in _files() if "fail" not in p.parts]
     assert len(paths) > 10
     for path in paths:
-        builder.build_direct(read(path))
+        parser.parse_direct(read(path))
 
 
 def test_benchmark_workloads_and_generated_files():
@@ -156,19 +152,18 @@ def test_every_form_of_the_language():
 ])
 @pytest.mark.filterwarnings("ignore:invalid escape sequence")
 def test_edge_cases(text: str):
-    """Where the reference path fails, it is with a RuleFileError (a located diagnostic), never
-    another exception, and the direct path leaves it to the reference."""
+    """Where Lark's loop fails, it is with a RuleFileError (a located diagnostic), never
+    another exception, and the direct loop gives up or reports the same."""
     src = Source("<edge>", text)
     try:
-        reference = builder.build(parser.parse_tree(src), src)
+        parser.parse_lark(src)
     except RuleFileError as exc:
         assert all(d.path == "<edge>" and d.line >= 1 and d.column >= 1 for d in exc.diagnostics)
-        with pytest.raises(builder.NotDirect):
-            builder.build_direct(src)
+        assert not both_ways(text, "<edge>")
         with pytest.raises(RuleFileError):
             fxrules.parse_rules(text)
         return
-    assert listing(builder.build_direct(src)) == listing(reference)
+    assert both_ways(text, "<edge>")
 
 
 @pytest.mark.parametrize("text", [
@@ -184,12 +179,11 @@ def test_a_lower_python_digit_limit_is_the_limit(text: str):
     sys.set_int_max_str_digits(640)
     try:
         src = Source("<low>", text)
-        with pytest.raises(RuleFileError) as info:
-            builder.build(parser.parse_tree(src), src)
-        (d,) = info.value.diagnostics
-        assert d.code == "unexpected-token" and "the limit is 640" in d.message
-        with pytest.raises(builder.NotDirect):
-            builder.build_direct(src)
+        for parse in (parser.parse_lark, parser.parse_direct):
+            with pytest.raises(RuleFileError) as info:
+                parse(src)
+            (d,) = info.value.diagnostics
+            assert d.code == "unexpected-token" and "the limit is 640" in d.message
     finally:
         sys.set_int_max_str_digits(before)
     assert both_ways(text)  # within the default limit
@@ -203,8 +197,8 @@ def test_a_lower_python_digit_limit_is_the_limit(text: str):
 ])
 def test_limits_are_the_reference_s(condition: str):
     text = f"$x where {condition} -> $x\n"
-    with pytest.raises(builder.NotDirect):
-        builder.build_direct(Source("<deep>", text))
+    with pytest.raises(parser.NotDirect):
+        parser.parse_direct(Source("<deep>", text))
     with pytest.raises(RuleFileError) as info:
         fxrules.parse_rules(text)
     assert [d.code for d in info.value.diagnostics] == ["too-deep"]
@@ -215,8 +209,8 @@ def test_just_within_the_limits():
     assert both_ways(f"$x where {operators} -> $x\n")
     deep = _nest("call_function f({})", "$x", parser.MAX_DEPTH - 1)
     assert both_ways(f"call_function g({deep}) -> $x\n")
-    with pytest.raises(builder.NotDirect):
-        builder.build_direct(Source("<deep>", f"call_function g(call_function h({deep})) -> $x\n"))
+    with pytest.raises(parser.NotDirect):
+        parser.parse_direct(Source("<deep>", f"call_function g(call_function h({deep})) -> $x\n"))
 
 
 @settings(max_examples=300, deadline=None)
@@ -257,8 +251,7 @@ def _reference_tokens(text: str) -> tuple[list, int]:
 @given(st.one_of(st.text(), token_soup, grammar_texts))
 def test_the_scanner_tokenizes_as_the_lexer(text: str):
     """Trying NAME and WS first (and `_UNLEXABLE` last) changes no token (see parser._SCAN_FIRST)."""
-    tables = parser.direct_tables(builder._reduction)
-    ours = [(m.lastgroup, m.start(), m.end()) for m in tables.scan(text)]
+    ours = [(m.lastgroup, m.start(), m.end()) for m in parser.tables().scanner.finditer(text)]
     theirs, stopped = _reference_tokens(text)
     assert ours[:len(theirs)] == theirs
     if stopped < len(text):
@@ -273,27 +266,49 @@ def test_keywords_by_parser_state():
 
 
 def test_the_front_end_takes_the_direct_path(monkeypatch):
-    def no_tree(source):
-        raise AssertionError("the reference path was taken")
+    def no_lark(source):
+        raise AssertionError("Lark's loop was taken")
 
-    monkeypatch.setattr(frontend, "parse_tree", no_tree)
+    monkeypatch.setattr(parser, "parse_lark", no_lark)
     rules = fxrules.parse_rules("rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> $x\n")
     assert rules.names == ["r"]
+    with pytest.raises(RuleFileError) as info:  # a problem the reductions find: no second parse either
+        fxrules.parse_rules("rule r:\n    call_function f(a=1, $x) -> $x\n", "k.fxr")
+    assert [(d.code, d.line, d.column) for d in info.value.diagnostics] == [("unexpected-token", 2, 26)]
 
 
-def test_the_front_end_reports_through_the_reference_path(monkeypatch):
+def test_the_front_end_reports_syntax_errors_through_lark(monkeypatch):
     calls = []
-    real = frontend.parse_tree
+    real = parser.parse_lark
 
     def spy(source):
         calls.append(source.path)
         return real(source)
 
-    monkeypatch.setattr(frontend, "parse_tree", spy)
+    monkeypatch.setattr(parser, "parse_lark", spy)
     with pytest.raises(RuleFileError) as info:
-        fxrules.parse_rules("rule r:\n    call_function f(a=1, $x) -> $x\n", "k.fxr")
+        fxrules.parse_rules("rule r:\n    call_function f($x -> $x\n", "k.fxr")
     assert calls == ["k.fxr"]
-    assert [(d.code, d.line, d.column) for d in info.value.diagnostics] == [("unexpected-token", 2, 26)]
+    assert [d.code for d in info.value.diagnostics] == ["unexpected-token"]
+
+
+def test_the_first_problem_in_the_text_is_reported_and_a_syntax_error_wins():
+    """The reductions record problems and go on; the first in the text is reported (at one
+    position, a misplaced argument before a bad literal in it), and only if the text parses."""
+    big = "9" * 5000
+    cases = {
+        f'call_function f("\\d", {big}) -> $x\n': (1, 17, "invalid escape"),
+        f'call_function f({big}, "\\d") -> $x\n': (1, 17, "digits"),
+        f"call_function f(a=1, {big}) -> $x\n": (1, 22, "positional"),
+        f"call_function f(a=1, -{big}) -> $x\n": (1, 22, "positional"),
+        f"call_function f({big}) -> $x\ncall_function f($x ->\n": (2, 20, "expected"),
+    }
+    for text, (line, column, words) in cases.items():
+        for parse in (parser.parse, parser.parse_lark):
+            with pytest.raises(RuleFileError) as info:
+                parse(Source("<p>", text))
+            (d,) = info.value.diagnostics
+            assert (d.line, d.column) == (line, column) and words in d.message, (text[:40], d)
 
 
 def test_rules_are_numbered_by_the_checker_across_files(tmp_path):
@@ -310,25 +325,27 @@ def test_reductions_cover_the_grammar():
     fails here rather than silently sending every file down the reference path."""
     lark_parser = parser._get_parser()
     for rule in lark_parser.rules:
-        builder._reduction(rule)  # raises AttributeError for a tree name without its r_ method
+        reductions.reduction(rule)  # raises AttributeError for a tree name without its r_ method
     names = {str(rule.alias or rule.origin.name) for rule in lark_parser.rules}
-    methods = {name[2:] for name in vars(builder._Reductions) if name.startswith("r_")}
+    methods = {name[2:] for name in vars(reductions.Reductions) if name.startswith("r_")}
     assert methods - names == {"literal_condition"}
 
 
 def test_nothing_in_a_rule_file_is_evaluated(monkeypatch):
     """Strings are the only literals read with ``ast.literal_eval``; names stay names."""
     calls = []
-    real = builder._literal_value
+    real = reductions._literal_value
 
     def spy(literal):
         calls.append(literal)
         return real(literal)
 
-    monkeypatch.setattr(builder, "_literal_value", spy)
+    monkeypatch.setattr(reductions, "_literal_value", spy)
     text = 'rule r "d":\n    call_function os.system("rm", __import__) -> $x\n'
-    rule_file = builder.build_direct(Source("<e>", text))
+    rule_file = parser.parse_direct(Source("<e>", text))
     assert calls == ['"d"', '"rm"']
+    assert parser.parse_lark(Source("<e>", text)) == rule_file
+    assert calls == ['"d"', '"rm"'] * 2
     call = rule_file.rules[0].patterns[0]
     assert call.args[1] == A.Name(A.Dotted(("__import__",)))
     assert re.fullmatch(r"[\w.]+", call.target.text)

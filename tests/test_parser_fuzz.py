@@ -1,13 +1,13 @@
 """Fuzzing the front end: text (or bytes) to AST must never fail other than with a diagnostic.
 
-Rule files are untrusted input, so ``builder.build(parser.parse_tree(src), src)``
+Rule files are untrusted input, so ``parser.parse(src)`` (and ``parser.parse_lark(src)``, its fallback)
 may raise :class:`fxrules.errors.RuleFileError` and nothing else: no
 ``ValueError``, ``RecursionError``, ``AssertionError`` or lark exception.
 Three sources of input:
 
 (a) strings generated from the grammar itself (``grammar/fxr.lark``) with
     :func:`hypothesis.extra.lark.from_lark`. Most of these parse, so they reach
-    the builder; every file that builds must round-trip through the printer.
+    the reductions' checks; every file that builds must round-trip through the printer.
 (b) arbitrary text, and a "token soup" of the language's own words and
     punctuation, which gets further into the parser than random characters;
 (c) arbitrary bytes through :func:`fxrules.lang.source.decode`.
@@ -33,20 +33,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
-import fxrules.lang.reductions as builder
 import fxrules.lang.parser as parser
 import fxrules.lang.printer as printer
 import fxrules.lang.source as source
 from fxrules.errors import RuleFileError
-from tests.ast_shape import shape
+from tests.ast_shape import listing, shape
 
 PATH = "<fuzz>"
 
 
 def front_end(text: str) -> object:
-    """The pipeline under test: text to RuleFile, or RuleFileError."""
+    """The pipeline under test: text to RuleFile, or RuleFileError (both loops, which must agree)."""
     src = source.Source(PATH, text)
-    return builder.build(parser.parse_tree(src), src)
+    try:
+        reference = parser.parse_lark(src)
+    except RuleFileError as exc:
+        with pytest.raises(RuleFileError) as caught:
+            parser.parse(src)
+        assert [str(d) for d in caught.value.diagnostics] == [str(d) for d in exc.diagnostics]
+        raise
+    assert listing(parser.parse(src)) == listing(reference)  # spans included; iterative, for deep ASTs
+    return reference
 
 
 def check(text: str) -> bool:

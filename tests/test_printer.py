@@ -27,7 +27,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import fxrules.lang.ast as A
-import fxrules.lang.reductions as builder
 import fxrules.lang.parser as parser
 import fxrules.lang.printer as printer
 from fxrules.errors import RuleFileError
@@ -40,7 +39,7 @@ PATH = "<test>"
 
 def parse(text: str, path: str = PATH) -> A.RuleFile:
     source = Source(path, text)
-    return builder.build(parser.parse_tree(source), source)
+    return parser.parse(source)
 
 
 def assert_round_trip(rule_file: A.RuleFile) -> str:

@@ -255,11 +255,11 @@ def test_folded_modules_take_the_conv_name_only_when_nothing_else_uses_it(share,
                                   "rule r:\n    call_function torch.relu($x) -> $x )\n",
                                   "rule r: ~\n", "rule\n"])
 def test_syntax_errors_still_come_from_lark(text):
-    import fxrules.lang.reductions as builder
+    import fxrules.lang.parser as parser
     from fxrules.lang.source import Source
 
-    with pytest.raises(builder.NotDirect):  # the direct path gives up; the reference (Lark) words it
-        builder.build_direct(Source("bad.fxr", text))
+    with pytest.raises(parser.NotDirect):  # the direct loop gives up; Lark's loop words it
+        parser.parse_direct(Source("bad.fxr", text))
     with pytest.raises(fxrules.RuleFileError) as caught:
         fxrules.parse_rules(text, "bad.fxr")
     assert "bad.fxr:" in str(caught.value)
@@ -269,10 +269,10 @@ def test_checking_pauses_the_garbage_collector_and_restores_it():
     import gc
 
     import fxrules.lang.load as frontend
-    import fxrules.lang.parser as parser
+    from fxrules.lang.runtime import entered
 
     seen = []
-    real = frontend.build_direct
+    real = frontend.parse
 
     def spy(source):
         seen.append(gc.isenabled())
@@ -280,7 +280,7 @@ def test_checking_pauses_the_garbage_collector_and_restores_it():
 
     assert gc.isenabled()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("fxrules.lang.load.build_direct", spy)
+        mp.setattr("fxrules.lang.load.parse", spy)
         fxrules.parse_rules("rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> $x\n", "a.fxr")
         assert seen == [False] and gc.isenabled()
         with pytest.raises(fxrules.RuleFileError):
@@ -292,8 +292,8 @@ def test_checking_pauses_the_garbage_collector_and_restores_it():
             assert not gc.isenabled()  # a caller's choice stays
         finally:
             gc.enable()
-    with parser.paused_gc():
-        with parser.paused_gc():
+    with entered():
+        with entered():
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled()

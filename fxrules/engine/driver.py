@@ -26,7 +26,6 @@ from torch import fx, nn
 from fxrules.engine.conditions import Evaluator, MissingMetadata
 from fxrules.lang.diagnostics import FxrulesError
 from fxrules.engine.matcher import UNHASHABLE_INPUT, GraphView, Match, Miss, input_keys, match_program, may_match
-from fxrules.lang.parser import ensure_recursion_limit, paused_gc
 from fxrules.engine.planner import Plan, plan
 from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
 from fxrules.engine.refusals import MissCode, Refusal
@@ -180,7 +179,6 @@ class _Session:
     """One engine run over one workpiece."""
 
     def __init__(self, work: Workpiece, rule_set: RuleSet):
-        ensure_recursion_limit()  # matching recurses once or twice per pattern nesting level
         self.work = work
         self.rule_set = rule_set
         self.compiled: CompiledRules = compile_rules(rule_set)
@@ -329,7 +327,9 @@ def _rejected(program: Program, match: Match, refusal: Refusal) -> Rejected:
 
 
 # ---------------------------------------------------------------------------
-# Entry points (wrapped by fxrules.api)
+# Entry points (wrapped by fxrules.api, which holds fxrules.lang.runtime.entered around them:
+# the copy, the rewrite and the commit allocate a node, dicts and strings per graph node, all kept
+# alive, and matching recurses per pattern nesting level)
 # ---------------------------------------------------------------------------
 
 
@@ -340,21 +340,17 @@ def count_nodes(graph: fx.Graph) -> int:
 def run_apply(model: Any, rule_set: RuleSet, *, example_inputs=None, max_iterations: Optional[int] = None,
               tracer=None, concrete_args=None) -> RewriteResult:
     start = time.perf_counter()
-    # The copy, the rewrite and the commit allocate a node, dicts and strings per graph node, all
-    # kept alive; the cyclic collector would traverse the whole graph again and again (two thirds
-    # of the copy's time at 20,000 nodes). Cycles made meanwhile are found by the next collection.
-    with paused_gc():
-        work = prepare(model, tracer=tracer, concrete_args=concrete_args, example_inputs=example_inputs)
-        before = count_nodes(work.graph)
-        session = _Session(work, rule_set)
-        limit = max_iterations if max_iterations is not None else 10_000 + 10 * before
-        applied, rejected = session.rewrite(limit)
-        try:
-            module = work.commit()
-        except FxrulesError:
-            raise
-        except Exception as exc:
-            raise ModelError(f"the rewritten graph does not compile: {type(exc).__name__}: {exc}") from exc
+    work = prepare(model, tracer=tracer, concrete_args=concrete_args, example_inputs=example_inputs)
+    before = count_nodes(work.graph)
+    session = _Session(work, rule_set)
+    limit = max_iterations if max_iterations is not None else 10_000 + 10 * before
+    applied, rejected = session.rewrite(limit)
+    try:
+        module = work.commit()
+    except FxrulesError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"the rewritten graph does not compile: {type(exc).__name__}: {exc}") from exc
     report = Report(tuple(applied), tuple(rejected), before, count_nodes(module.graph),
                     time.perf_counter() - start, tuple(work.notes))
     return RewriteResult(module, report, report.counts)

@@ -11,6 +11,8 @@ Compiling needs torch; it happens once per rule set (cached on the RuleSet).
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Union
 
@@ -561,9 +563,21 @@ class CompiledRules:
         return tuple(found)
 
 
+_compiled: "weakref.WeakKeyDictionary[RuleSet, CompiledRules]" = weakref.WeakKeyDictionary()
+"""Each rule set's compiled rules, for as long as the rule set lives (and no longer: a weak key).
+
+Keyed by the RuleSet object itself: RuleSet compares and hashes by identity (``eq=False``),
+so two rule sets with equal rules are two entries, and a RuleSet is never mutated for this
+(it stays the front end's frozen value; compiling is the engine's business). A CompiledRules
+holds CheckedRules and programs, never the RuleSet, so the value keeps no key alive."""
+
+_compiled_lock = threading.Lock()  # WeakKeyDictionary is not safe to write from several threads
+
+
 def compile_rules(rule_set: RuleSet) -> CompiledRules:
-    """Compile every rule once; the result is cached for the rule set's lifetime."""
-    found = rule_set.cache.get("compiled")
+    """Compile every rule once per rule set; later calls with the same RuleSet object reuse it."""
+    with _compiled_lock:
+        found = _compiled.get(rule_set)
     if found is not None:
         return found
     programs = tuple(RuleCompiler(rule, rule_set).program() for rule in rule_set.rules)
@@ -573,4 +587,5 @@ def compile_rules(rule_set: RuleSet) -> CompiledRules:
             by_key.setdefault(key, []).append(program)
     compiled = CompiledRules(programs, {k: tuple(v) for k, v in by_key.items()},
                              any(k[0] == "call_module" for k in by_key))
-    return rule_set.cache.setdefault("compiled", compiled)
+    with _compiled_lock:
+        return _compiled.setdefault(rule_set, compiled)

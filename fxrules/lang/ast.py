@@ -1,6 +1,6 @@
 """The rule AST: frozen, slotted dataclasses with a source span on every node.
 
-Only :mod:`fxrules.lang.reductions` creates these from parse trees, and only
+Only :mod:`fxrules.lang.reductions` creates these (as the parser reduces), and only
 :mod:`fxrules.lang.printer` turns them back into text. Spans are excluded from
 equality, so ``parse(print(ast)) == ast`` compares structure, not positions.
 

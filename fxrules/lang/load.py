@@ -1,12 +1,12 @@
 """The front end's driver: sources to a checked RuleSet, or every diagnostic found.
 
-source -> parser -> builder -> checker, per file; then duplicate names across
-the whole set. Syntax errors stop their own file only: the other files are
-still checked, so one run reports everything it can.
+source -> parser (with its reductions, text to AST) -> checker, per file; then
+duplicate names across the whole set. Syntax errors stop their own file only: the
+other files are still checked, so one run reports everything it can.
 
-Text becomes an AST in one pass (the parser's loop making the builder's nodes,
-:func:`fxrules.lang.reductions.build_direct`); a text that pass gives up on goes the reference
-way (a Lark tree, then the builder), which reports what is wrong with it.
+The stages here change no process-wide state; the API's entry points hold
+:func:`fxrules.lang.runtime.entered` around them (the collector paused, the recursion
+limit raised).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import os
 from typing import Iterable, Sequence, Union
 
 import fxrules.lang.ast as A
-from fxrules.lang.reductions import NotDirect, build, build_direct
 from fxrules.lang.checker import check_duplicates, check_file
 from fxrules.lang.diagnostics import ERROR, Diagnostic, RuleFileError
 from fxrules.lang.names import Resolver
-from fxrules.lang.parser import parse_tree, paused_gc
+from fxrules.lang.parser import parse
 from fxrules.lang.ruleset import CheckedRule, RuleSet
 from fxrules.lang.source import Source, expand, read
 
@@ -28,19 +27,11 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 def parse_source(source: Source) -> A.RuleFile:
     """Text to AST (syntax only). Raises RuleFileError with one syntax diagnostic."""
-    try:
-        return build_direct(source)
-    except NotDirect:
-        return build(parse_tree(source), source)
+    return parse(source)
 
 
 def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, list[Diagnostic]]:
     """Check sources; returns the rules that are free of errors and every diagnostic."""
-    with paused_gc():  # the stages allocate many long-lived objects: see fxrules.lang.parser.paused_gc
-        return _analyze(sources, resolver)
-
-
-def _analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, list[Diagnostic]]:
     diagnostics: list[Diagnostic] = []
     rules: list[CheckedRule] = []
     asts: list[A.Rule] = []

@@ -1,31 +1,38 @@
-"""Text to parse tree: the Lark LALR parser for ``grammar/fxr.lark``, and syntax diagnostics.
+"""Text to AST: the LALR parser for ``grammar/fxr.lark``, and syntax diagnostics.
 
 Newlines end statements except inside brackets; the lexer drops them there (as
 Python does) and enforces nesting limits, so no input can make the later,
 recursive stages overflow the stack.
 
-Two loops drive the same LALR table. :func:`parse_tree` (the reference) builds Lark's
-tree and, for a text with a syntax error, lets Lark's own loop find it and words the
-diagnostic. :func:`parse_direct` (the front end's fast path, with the reductions of
-:mod:`fxrules.lang.reductions`) scans and parses in one loop and makes whatever the caller's
-reductions make; it gives up on anything wrong, leaving the words to the reference.
+Two loops drive the same LALR table with the same reductions
+(:mod:`fxrules.lang.reductions`, the one AST builder), so :func:`parse` returns the AST either
+way. :func:`parse_direct` (the fast path) scans and parses in one loop; it gives up
+(:class:`NotDirect`) on anything wrong with the text. :func:`parse_lark` is Lark's own LALR
+loop with :class:`_Lexer`, calling the reductions as its callbacks: for a text with a syntax
+error, Lark finds it and this module words the diagnostic. :func:`parse` tries the first and
+falls back to the second.
+
+This module changes no process-wide state: the recursion limit and the garbage collector are
+:mod:`fxrules.lang.runtime`'s, entered by the API's entry points.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
+import functools
 import itertools
 import re
-import sys
 import threading
 from importlib import resources
 from typing import Callable, Iterator, NamedTuple, Optional
 
 import lark
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.lexer import LexerThread
+from lark.parsers.lalr_parser import _Parser as _LarkLoop  # Lark's LALR loop, given our callbacks
 
+import fxrules.lang.ast as A
 from fxrules.lang.diagnostics import Diagnostic, RuleFileError
+from fxrules.lang.reductions import Reductions, reduction
 from fxrules.lang.source import Source
 
 MAX_DEPTH = 256
@@ -193,53 +200,10 @@ class _Lexer(lark.lexer.Lexer):
 _lock = threading.Lock()
 _parser: Optional[lark.Lark] = None
 
-_gc_lock = threading.Lock()
-_gc_pausers = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def paused_gc() -> Iterator[None]:
-    """Hold Python's cyclic garbage collector while a rule file becomes trees, ASTs and checked rules.
-
-    Those stages allocate millions of small objects that all stay alive, and the collector
-    would traverse them again and again (about half of the time of checking 2,000 rules,
-    more than half at 20,000). Nesting and threads are counted: the collector is enabled
-    again, if it was enabled, when the last one leaves. Nothing here creates garbage cycles
-    that must be freed early; the next collection after this finds any.
-    """
-    global _gc_pausers, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
-                gc.enable()
-
-
-RECURSION_LIMIT = 10_000
-"""The stages after the parser recurse once or a few times per nesting level; at MAX_DEPTH
-brackets that exceeds Python's default limit of 1000 frames, so the first parse raises the
-limit to this (never lowers it). Python 3.11+ runs Python-to-Python calls without deepening
-the C stack, so the higher limit is safe."""
-
-
-def ensure_recursion_limit() -> None:
-    """Raise Python's recursion limit to RECURSION_LIMIT if it is lower (the front end and the matcher call this)."""
-    if sys.getrecursionlimit() < RECURSION_LIMIT:
-        sys.setrecursionlimit(RECURSION_LIMIT)
-
 
 def _get_parser() -> lark.Lark:
     global _parser
     with _lock:
-        ensure_recursion_limit()
         if _parser is None:
             _parser = lark.Lark(
                 grammar_text(),
@@ -252,18 +216,18 @@ def _get_parser() -> lark.Lark:
         return _parser
 
 
-class _Fallback(Exception):
-    """The fast parse loop met something it leaves to Lark (a syntax error): parse again with Lark."""
+class NotDirect(Exception):
+    """The direct loop met something it leaves to Lark's loop (a syntax error, a nesting limit)."""
 
 
-def _lark_rows(parser: lark.Lark, reduction: Callable) -> tuple[dict, int, int]:
+def _lark_rows(parser: lark.Lark) -> tuple[dict, int, int]:
     """Lark's LALR table recoded as plain dicts: ``(rows, start state, end state)``.
 
     A row maps a terminal or rule name to the next state (an int: shift, or goto after a
     reduction) or to ``(size, reduction(rule), rule name)`` (reduce by a rule of that many
     symbols). Lark's own loop looks its callbacks up by ``Rule`` objects, whose ``__hash__``
     and ``__eq__`` are Python functions: a third of its time on long files. Raises if this
-    Lark is not laid out as expected (another version): the caller then uses the reference path.
+    Lark is not laid out as expected (another version; ``tests/test_parse_speed.py`` says so).
     """
     from lark.parsers.lalr_analysis import Shift
 
@@ -285,19 +249,9 @@ def _lark_rows(parser: lark.Lark, reduction: Callable) -> tuple[dict, int, int]:
     return rows, table.start_states[start], table.end_states[start]
 
 
-
-
 # ---------------------------------------------------------------------------
-# The direct path: text to whatever the reductions make, with no tokens or trees in between
+# The tables both loops run on
 # ---------------------------------------------------------------------------
-
-Reduction = Callable[[object, list], object]
-"""What a grammar rule's reduction makes from its symbols' values: ``reduce(target, values)``.
-
-``values`` holds one value per symbol of the rule's expansion, in order: for a terminal the
-scanner's ``re.Match`` (its text, offsets and nothing else), for a rule what its own
-reduction made. ``target`` is the per-file object the caller passed to :func:`parse_direct`.
-"""
 
 _SCAN_FIRST = ("NAME", "WS")
 """Terminals the scanner tries before the lexer's order. They are the most frequent, and no
@@ -307,33 +261,28 @@ once are the costly ones: Python's regex engine skips an alternative after one c
 only when it begins with a literal or a character class."""
 
 
-class DirectTables(NamedTuple):
-    """The parse table with a caller's reductions, and the scanner: built once per reduction function."""
+class Tables(NamedTuple):
+    """The parse table with the reductions of :mod:`fxrules.lang.reductions`, and the scanner: built once."""
 
     rows: list  # per state: terminal or rule name -> next state, or (size, Reduction or None, rule name)
     start: int
     end: int
     keywords: dict  # word -> keyword terminal (a NAME is that keyword where the state accepts it)
     ignore: frozenset  # terminals that are only whitespace and comments
-    scan: Callable  # text -> iterator of re.Match, one per token, each with its terminal as lastgroup
+    scanner: re.Pattern  # .finditer(text): one re.Match per token, each with its terminal as lastgroup
     units: dict  # (state below, state, terminal) -> the state after the unit reductions there (filled as met)
+    by_rule: dict  # Lark Rule -> its Reduction, or None (a unit rule): Lark's loop's callbacks
+    terminals: tuple  # every terminal's name: Lark's loop's callbacks on a shift
 
 
-_direct_tables: dict = {}
-
-
-def direct_tables(reduction: Callable) -> DirectTables:
-    """The tables :func:`parse_direct` runs on, with ``reduction(rule)`` as each grammar rule's reduction.
-
-    ``reduction(rule)`` (a Lark ``Rule``) returns the rule's :data:`Reduction`, or None when the
-    rule is a unit rule (one symbol) whose value is its symbol's: then only the state changes.
-    Raises if this Lark is not laid out as expected, or a unit rule is not one symbol long.
+@functools.lru_cache(maxsize=None)
+def tables() -> Tables:
+    """The tables :func:`parse_direct` and :func:`parse_lark` run on, with :func:`fxrules.lang.reductions.reduction`
+    as each grammar rule's reduction (None for a unit rule of one symbol, whose value is its
+    symbol's: then only the state changes). Raises if this Lark is not laid out as expected.
     """
-    tables = _direct_tables.get(reduction)
-    if tables is not None:
-        return tables
     parser = _get_parser()
-    rows, start, end = _lark_rows(parser, reduction)
+    rows, start, end = _lark_rows(parser)
     for row in rows.values():
         for entry in row.values():
             if type(entry) is tuple and entry[1] is None and entry[0] != 1:
@@ -348,10 +297,9 @@ def direct_tables(reduction: Callable) -> DirectTables:
     # alternative takes any other character, so the tokens tile the text and a character no
     # terminal takes becomes the token `_UNLEXABLE`, which no parser state accepts.
     pattern = "|".join(f"(?:{regex})(?P<{name}>)" for name, regex in ordered) + r"|(?P<_UNLEXABLE>[\s\S])"
-    tables = DirectTables(table, start, end, keywords, frozenset(parser.lexer_conf.ignore),
-                          re.compile(pattern).finditer, {})
-    _direct_tables[reduction] = tables
-    return tables
+    return Tables(table, start, end, keywords, frozenset(parser.lexer_conf.ignore), re.compile(pattern), {},
+                  {rule: reduction(rule) for rule in parser.rules},
+                  tuple(terminal.name for terminal in parser.lexer_conf.terminals))
 
 
 def _after_units(rows: list, below: int, origin: str, kind: str) -> int:
@@ -376,7 +324,7 @@ class _EndOfInput:
     lastgroup = "$END"
 
 
-def parse_direct(text: str, tables: DirectTables, target: object) -> object:
+def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
     """Parse ``text`` (ending in a newline) with the reductions in ``tables``; returns what the start rule made.
 
     The same tokens as :class:`_Lexer` (the same alternatives, keywords by parser state, the
@@ -384,11 +332,10 @@ def parse_direct(text: str, tables: DirectTables, target: object) -> object:
     Lark's LALR loop. It does less per token than ``_Lexer`` feeding Lark's loop: no
     ``Token`` objects (a reduction reads the ``re.Match``), no generator between scanner and
     parser, no context kept for error messages, no call for a unit rule. Anything it does not
-    handle, a syntax error or a nesting limit above all, raises :class:`_Fallback`, and so does
-    any exception from a reduction: the caller then takes the reference path
-    (:func:`parse_tree` and :mod:`fxrules.lang.reductions`), which says what is wrong.
+    handle, a syntax error or a nesting limit above all, raises :class:`NotDirect`, and so does
+    any exception from a reduction: the caller then takes Lark's loop, which says what is wrong.
     """
-    rows, start, end, keywords, ignore, scan, units = tables
+    rows, start, end, keywords, ignore, scanner, units = tables[:7]
     state = start
     state_stack = [start]
     value_stack: list = []
@@ -397,7 +344,7 @@ def parse_direct(text: str, tables: DirectTables, target: object) -> object:
     depth = 0  # open brackets
     in_condition = False  # between `where` and `->` or the end of the statement
     operators = 0  # in the current condition
-    for m in itertools.chain(scan(text), (_EndOfInput,)):
+    for m in itertools.chain(scanner.finditer(text), (_EndOfInput,)):
         kind = m.lastgroup
         if kind == "NAME":  # the most common first
             keyword = keywords.get(m.group())
@@ -408,7 +355,7 @@ def parse_direct(text: str, tables: DirectTables, target: object) -> object:
                 elif in_condition and kind in _CONDITION_OPERATORS:
                     operators += 1
                     if operators > MAX_CONDITION_OPERATORS:
-                        raise _Fallback()  # too deep: the reference path says so
+                        raise NotDirect()  # too deep: Lark's loop says so
         elif kind in ignore:
             continue
         elif kind == "_NL":
@@ -422,21 +369,21 @@ def parse_direct(text: str, tables: DirectTables, target: object) -> object:
             elif in_condition and kind in _CONDITION_OPERATORS:
                 operators += 1
                 if operators > MAX_CONDITION_OPERATORS:
-                    raise _Fallback()
+                    raise NotDirect()
             if kind in _OPEN:
                 depth += 1
                 if depth > MAX_DEPTH:
-                    raise _Fallback()
+                    raise NotDirect()
             elif kind in _CLOSE and depth:
                 depth -= 1
         last = kind
         while True:
             entry = rows[state].get(kind)
             if entry is None:  # a syntax error (or `_UNLEXABLE`)
-                raise _Fallback()
+                raise NotDirect()
             if type(entry) is int:
                 if kind == "$END":
-                    raise _Fallback()
+                    raise NotDirect()
                 state = entry
                 push_state(state)
                 push_value(m)
@@ -459,19 +406,51 @@ def parse_direct(text: str, tables: DirectTables, target: object) -> object:
             try:
                 push_value(reduce(target, values))
             except Exception:
-                raise _Fallback() from None
+                raise NotDirect() from None
             state = rows[state_stack[-1]][origin]
             push_state(state)
             if state == end and kind == "$END":  # reduced up to the start rule
                 return value_stack[-1]
-    raise _Fallback()  # pragma: no cover - $END always ends in the end state or a fallback
+    raise NotDirect()  # pragma: no cover - $END always ends in the end state or a fallback
 
 
-def parse_tree(source: Source) -> lark.Tree:
-    """Parse one file's text, or raise RuleFileError with one syntax diagnostic."""
-    text = source.text if source.text.endswith("\n") else source.text + "\n"
+def _with_newline(text: str) -> str:
+    return text if text.endswith("\n") else text + "\n"
+
+
+def parse(source: Source) -> A.RuleFile:
+    """One file's text to its AST; raises RuleFileError with one diagnostic (syntax, or a problem
+    the reductions found). The direct loop first; Lark's loop for a text the direct one gives up on."""
     try:
-        return _get_parser().parse(text)
+        return parse_direct(source)
+    except NotDirect:
+        return parse_lark(source)
+
+
+def parse_direct(source: Source) -> A.RuleFile:
+    """The fast path of :func:`parse`: raises :class:`NotDirect` where it gives up (every syntax
+    error and nesting limit), RuleFileError for a problem the reductions found."""
+    text = _with_newline(source.text)
+    target = Reductions(source.path, text)
+    return target.result(_parse_direct(text, tables(), target), source)
+
+
+def parse_lark(source: Source) -> A.RuleFile:
+    """The fallback of :func:`parse`, and what the tests hold the direct loop to: Lark's LALR loop,
+    with :class:`_Lexer` and the same reductions as its callbacks (a shift's value is the
+    scanner's ``re.Match`` for the token, as in the direct loop). Lark finds any syntax error;
+    this module words it."""
+    text = _with_newline(source.text)
+    parser, table = _get_parser(), tables()
+    target = Reductions(source.path, text)
+    match_at = functools.partial(_match_at, table.scanner.match, text)
+    callbacks: dict = dict.fromkeys(table.terminals, match_at)
+    for rule, reduce in table.by_rule.items():
+        callbacks[rule] = _hand_up if reduce is None else functools.partial(reduce, target)
+    frontend = parser.parser  # Lark -> ParsingFrontend (its lexer) -> LALR_Parser -> _Parser (its table)
+    loop = _LarkLoop(frontend.parser.parser.parse_table, callbacks)
+    try:
+        rule_file = loop.parse(LexerThread.from_text(frontend.lexer, text), parser.options.start[0])
     except _TooDeep as exc:
         tok = exc.token
         raise RuleFileError(
@@ -481,6 +460,17 @@ def parse_tree(source: Source) -> lark.Tree:
         ) from None
     except UnexpectedInput as exc:
         raise RuleFileError([_syntax_diagnostic(source, text, exc)], {source.path: source.text}) from None
+    return target.result(rule_file, source)
+
+
+def _match_at(match: Callable, text: str, token: lark.Token) -> re.Match:
+    """The scanner's ``re.Match`` for a token of :class:`_Lexer` (the same token: see _SCAN_FIRST)."""
+    return match(text, token.start_pos)
+
+
+def _hand_up(values: list) -> object:
+    """A unit rule's callback in Lark's loop: its value is its one symbol's."""
+    return values[0]
 
 
 # ---------------------------------------------------------------------------

@@ -1,14 +1,17 @@
-"""Parse tree to rule AST. The only module that knows the shapes of Lark's trees.
+"""The grammar's reductions: what each rule of ``grammar/fxr.lark`` makes, bottom-up, as it is parsed.
 
-Two ways to the same AST:
+The one AST builder. Both of the parser's loops (:mod:`fxrules.lang.parser`: the fast direct
+loop, and Lark's own LALR loop it falls back to for a text it gives up on) call the same
+reductions, :func:`reduction` of each grammar rule, with the same values: a terminal's scanner
+``re.Match`` and, for a rule, what its own reduction made. So the parser returns the AST on
+both paths, and every grammar rule exists twice only: in the grammar and here.
 
-* :func:`build_direct` (what the front end uses): the parser's LALR loop calls
-  :class:`_Reductions` at each reduction, so AST nodes are made bottom-up as the text is
-  parsed, with no Lark tokens or trees in between. It gives up (:class:`NotDirect`) on
-  anything wrong with the text.
-* :func:`build` (the reference): walks the Lark tree of :func:`fxrules.lang.parser.parse_tree`
-  top-down. The front end takes this path when the direct one gives up, so every
-  diagnostic comes from here; tests check that both make the same AST, spans included.
+What a text can have wrong that the grammar cannot say (an integer literal with too many
+digits, an invalid escape in a string, a positional argument after a keyword argument) the
+reductions record as a *problem* and go on with a stand-in value; :meth:`Reductions.result`
+then raises the first problem in the text (a ``RuleFileError``). A problem never stops the
+parse, so a syntax error anywhere in the file is what is reported, as when these were
+found by a walk over a finished parse tree.
 """
 
 from __future__ import annotations
@@ -19,310 +22,11 @@ import dataclasses
 import re
 import sys
 import warnings
-from typing import Callable, Optional, Union
-
-from lark import Token, Tree
+from typing import Callable, NamedTuple, Optional
 
 import fxrules.lang.ast as A
-import fxrules.lang.parser as _parser
 from fxrules.lang.diagnostics import Diagnostic, RuleFileError
 from fxrules.lang.source import Source
-
-_Child = Union[Tree, Token]
-
-
-class _TreeReader:
-    def __init__(self, source: Source):
-        self.path = source.path
-        self.source = source
-
-    # -- spans ---------------------------------------------------------------
-    def span(self, node: _Child) -> A.Span:
-        """A token's own span; a tree's from its first to its last token (the parser keeps no positions)."""
-        if isinstance(node, Token):
-            return A.Span(self.path, node.line, node.column, node.end_line, node.end_column)
-        first = last = node
-        while isinstance(first, Tree):
-            if not first.children:
-                return A.Span(self.path, 0, 0, 0, 0)
-            first = first.children[0]
-        while isinstance(last, Tree):
-            last = last.children[-1]
-        return A.Span(self.path, first.line, first.column, last.end_line, last.end_column)
-
-    def span_between(self, first: _Child, last: _Child) -> A.Span:
-        a, b = self.span(first), self.span(last)
-        return A.Span(self.path, a.line, a.column, b.end_line, b.end_column)
-
-    def error(self, node: _Child, code: str, message: str) -> RuleFileError:
-        return RuleFileError([Diagnostic.at(self.span(node), code, message)], {self.path: self.source.text})
-
-    # -- file and items ----------------------------------------------------------
-    def file(self, tree: Tree) -> A.RuleFile:
-        items = []
-        for child in tree.children:
-            kind = child.data
-            if kind == "use_decl":
-                items.append(self.use(child))
-            elif kind == "default_decl":
-                items.append(A.DefaultContract(self.contract(child.children[1]), self.span(child)))
-            elif kind == "rule":
-                items.append(self.rule(child))
-            elif kind == "oneline_rule":
-                items.append(self.oneline_rule(child))
-            elif kind == "example":
-                example = self.example(child)
-                if items and isinstance(items[-1], A.Rule):  # an example belongs to the rule above it
-                    rule = items[-1]
-                    items[-1] = dataclasses.replace(rule, examples=rule.examples + (example,))
-                else:  # none: kept as an item, so the checker reports it with every other error
-                    items.append(example)
-            else:  # pragma: no cover - the grammar has no other items
-                raise AssertionError(kind)
-        return A.RuleFile(self.path, tuple(items))
-
-    def use(self, tree: Tree) -> A.Use:
-        _use, dotted, _as, alias = tree.children
-        return A.Use(self.dotted(dotted), str(alias), self.span(tree))
-
-    def contract(self, tree: Tree) -> A.Contract:
-        return A.Contract(str(tree.children[1]), self.span(tree))
-
-    def rule(self, tree: Tree) -> A.Rule:
-        name_token = tree.children[1]
-        description = None
-        contract = None
-        body = tree.children[-1]
-        for child in tree.children[2:-1]:
-            if isinstance(child, Tree) and child.data == "description":
-                description = self.string(child.children[0])
-            elif isinstance(child, Tree) and child.data == "contract":
-                contract = self.contract(child)
-        patterns, conditions, replacements = self.body(body)
-        return A.Rule(str(name_token), description, contract, patterns, conditions, replacements,
-                      self.span(tree), self.span(name_token))
-
-    def oneline_rule(self, tree: Tree) -> A.Rule:
-        contract = None
-        if len(tree.children) == 2:
-            contract = self.contract(tree.children[0])
-        patterns, conditions, replacements = self.body(tree.children[-1])
-        span = self.span(tree)
-        return A.Rule(None, None, contract, patterns, conditions, replacements, span, span)
-
-    def example(self, tree: Tree) -> A.Example:
-        count = mode = None
-        mode_span = A.NO_SPAN
-        outputs: tuple = ()
-        inputs: tuple = ()
-        for child in tree.children:
-            if _is_token(child, "INT"):
-                count = self.integer(child)
-            elif _is_token(child, "NAME"):
-                mode, mode_span = str(child), self.span(child)
-            elif isinstance(child, Tree) and child.data == "example_outputs":
-                outputs = self.exprs(child)
-            elif isinstance(child, Tree) and child.data == "given":
-                inputs = tuple(self.input_spec(c) for c in child.children if isinstance(c, Tree))
-        return A.Example(count, mode, outputs, inputs, self.span(tree), mode_span)
-
-    def input_spec(self, tree: Tree) -> A.InputSpec:
-        name = str(tree.children[0])[1:]
-        dtype = None
-        shape: tuple = ()
-        fill = None
-        for child in tree.children[1:]:
-            if _is_token(child, "NAME"):
-                dtype = str(child)
-            elif isinstance(child, Tree) and child.data == "shape":
-                shape = tuple(self.integer(t) for t in child.children if _is_token(t, "INT"))
-            elif isinstance(child, Tree):
-                fill = self.literal(child)
-        return A.InputSpec(name, dtype, shape, fill, self.span(tree))
-
-    def body(self, tree: Tree):
-        patterns: tuple = ()
-        conditions = []
-        replacements: tuple = ()
-        for child in tree.children:
-            if isinstance(child, Token):
-                continue
-            if child.data == "patterns":
-                patterns = self.exprs(child)
-            elif child.data == "where_clause":
-                conditions.append(self.cond(child.children[1]))
-            elif child.data == "replacements":
-                replacements = self.exprs(child)
-        return patterns, tuple(conditions), replacements
-
-    def exprs(self, tree: Tree) -> tuple:
-        return tuple(self.expr(c) for c in tree.children if not _is_token(c, "COMMA"))
-
-    # -- patterns and replacements ---------------------------------------------------
-    def expr(self, node: _Child) -> A.Expr:
-        if isinstance(node, Token):  # pragma: no cover - every expression token is wrapped in a rule
-            raise AssertionError(node)
-        kind = node.data
-        span = self.span(node)
-        ch = node.children
-        if kind == "alt":
-            return A.Alt(tuple(self.expr(c) for c in ch if not _is_token(c, "BAR")), span)
-        if kind == "bind":
-            return A.Bind(self.expr(ch[0]), str(ch[2]), span)
-        if kind == "capture":
-            return A.Capture(str(ch[0])[1:], span)
-        if kind == "wildcard":
-            return A.Wildcard(span)
-        if kind == "name":
-            return A.Name(self.dotted(ch[0]), span)
-        if kind == "group":
-            return self.expr(ch[1])
-        if kind == "call_function":
-            args, kwargs = self.arglist(ch[2]) if len(ch) > 2 else (None, ())
-            return A.Call("call_function", self.dotted(ch[1]), args, kwargs, span=span)
-        if kind == "call_method":
-            args, kwargs = self.arglist(ch[2]) if len(ch) > 2 else (None, ())
-            return A.Call("call_method", A.Dotted((str(ch[1]),), self.span(ch[1])), args, kwargs, span=span)
-        if kind == "call_module":
-            return self.call_module(node, span)
-        if kind == "getattr":
-            target = ch[1]
-            if _is_token(target, "CAPTURE"):
-                t = A.Capture(str(target)[1:], self.span(target))
-            elif _is_token(target, "WILDCARD"):
-                t = A.Wildcard(self.span(target))
-            else:
-                t = self.dotted(target)
-            return A.GetAttr(t, span)
-        if kind == "ellipsis":
-            return A.Ellipsis_(span)
-        if kind == "list":
-            return A.ListExpr(self.values(ch), span)
-        if kind == "tuple":
-            return A.TupleExpr(self.values(ch), span)
-        return A.Literal(self.literal(node), span)
-
-    def values(self, children: list) -> tuple:
-        return tuple(self.expr(c) for c in children if isinstance(c, Tree))
-
-    def call_module(self, node: Tree, span: A.Span) -> A.Call:
-        ch = node.children
-        attrs = None
-        lists = []
-        for child in ch[2:]:
-            if child.data == "attrs":
-                attrs = tuple(self.keyword(k) for k in child.children if isinstance(k, Tree))
-            else:
-                lists.append(child)
-        args, kwargs, builder_args = None, (), None
-        if len(lists) == 2:
-            builder_pos, builder_kw = self.arglist(lists[0])
-            builder_args = builder_pos + builder_kw  # the checker refuses keywords here, with the others
-            args, kwargs = self.arglist(lists[1])
-        elif len(lists) == 1:
-            args, kwargs = self.arglist(lists[0])
-        return A.Call("call_module", self.dotted(ch[1]), args, kwargs, attrs, builder_args, span)
-
-    def arglist(self, tree: Tree) -> tuple[tuple, tuple]:
-        args = []
-        kwargs = []
-        for child in tree.children:
-            if isinstance(child, Token):
-                continue
-            if child.data == "kwarg":
-                kwargs.append(self.keyword(child))
-            else:
-                if kwargs and child.data != "ellipsis":
-                    raise self.error(child, "unexpected-token",
-                                     "a positional argument cannot follow a keyword argument")
-                args.append(self.expr(child))
-        return tuple(args), tuple(kwargs)
-
-    def keyword(self, tree: Tree) -> A.Keyword:
-        name, _eq, value = tree.children
-        return A.Keyword(str(name), self.expr(value), self.span(tree))
-
-    def dotted(self, tree: Tree) -> A.Dotted:
-        return A.Dotted(tuple(str(t) for t in tree.children if _is_token(t, "NAME")), self.span(tree))
-
-    def integer(self, token: Token) -> int:
-        """An INT token's value; too many digits to convert is an ``unexpected-token`` diagnostic at the token."""
-        value = _int(str(token))
-        if value is None:
-            raise self.error(token, "unexpected-token", _too_many_digits(str(token)))
-        return value
-
-    def literal(self, tree: Tree):
-        kind = tree.data
-        ch = tree.children
-        if kind == "int":
-            return self.integer(ch[0])
-        if kind == "neg_int":
-            return -self.integer(ch[1])
-        if kind == "float":
-            return float(ch[0])
-        if kind == "neg_float":
-            return -float(ch[1])
-        if kind == "string":
-            return self.string(ch[0])
-        if kind == "true":
-            return True
-        if kind == "false":
-            return False
-        if kind == "none":
-            return None
-        raise AssertionError(kind)  # pragma: no cover
-
-    def string(self, token: Token) -> str:
-        try:
-            value = _literal_value(str(token))
-        except _INVALID_LITERAL:
-            raise self.error(token, "unexpected-token",
-                             "invalid escape sequence in this string (valid: \\\\ \\\" \\' \\n \\t \\r "
-                             "\\xHH \\uHHHH \\N{name} ...)") from None
-        if not isinstance(value, str):  # pragma: no cover - the STRING terminal admits only str literals
-            raise self.error(token, "unexpected-token", "invalid string literal")
-        return value
-
-    # -- conditions ------------------------------------------------------------------
-    def cond(self, node: _Child) -> A.Cond:
-        kind = node.data
-        span = self.span(node)
-        ch = node.children
-        if kind in ("or_cond", "and_cond"):
-            operands = [c for c in ch if not _is_token(c, "OR") and not _is_token(c, "AND")]
-            op = "or" if kind == "or_cond" else "and"
-            result = self.cond(operands[0])
-            for operand in operands[1:]:
-                right = self.cond(operand)
-                result = A.CBinary(op, result, right, A.Span(self.path, span.line, span.column,
-                                                              right.span.end_line, right.span.end_column))
-            return result
-        if kind == "c_not":
-            return A.CUnary("not", self.cond(ch[1]), span)
-        if kind == "c_neg":
-            return A.CUnary("-", self.cond(ch[1]), span)
-        if kind == "c_compare":
-            op = " ".join(str(t) for t in ch[1].children)
-            return A.CBinary(op, self.cond(ch[0]), self.cond(ch[2]), span)
-        if kind == "c_binop":
-            return A.CBinary(str(ch[1]), self.cond(ch[0]), self.cond(ch[2]), span)
-        if kind == "c_attr":
-            return A.CAttr(self.cond(ch[0]), str(ch[2]), span)
-        if kind == "c_index":
-            return A.CIndex(self.cond(ch[0]), self.cond(ch[2]), span)
-        if kind == "c_call":
-            return A.CCall(self.cond(ch[0]), tuple(self.cond(c) for c in ch[1:] if isinstance(c, Tree)), span)
-        if kind == "c_capture":
-            return A.CCapture(str(ch[0])[1:], span)
-        if kind == "c_name":
-            return A.CName(str(ch[0]), span)
-        if kind == "c_list":
-            return A.CList(tuple(self.cond(c) for c in ch if isinstance(c, Tree)), span)
-        if kind == "primary":  # ( cond )
-            return self.cond(ch[1])
-        return A.CLiteral(self.literal(node), span)
-
 
 _INVALID_LITERAL = (ValueError, SyntaxError, DeprecationWarning, SyntaxWarning, UnicodeError)
 
@@ -334,8 +38,9 @@ def _literal_value(literal: str) -> object:
         return _pyast.literal_eval(literal)  # a string token only: no names, no calls
 
 
-def _is_token(node: _Child, kind: str) -> bool:
-    return isinstance(node, Token) and node.type == kind
+_INVALID_ESCAPE = ("invalid escape sequence in this string (valid: \\\\ \\\" \\' \\n \\t \\r "
+                   "\\xHH \\uHHHH \\N{name} ...)")
+_POSITIONAL_AFTER_KEYWORD = "a positional argument cannot follow a keyword argument"
 
 
 MAX_INT_DIGITS = 4000
@@ -371,24 +76,6 @@ def _too_many_digits(text: str) -> str:
     return f"an integer literal of {len(text)} digits; the limit is {_digit_limit()}"
 
 
-def build(tree: Tree, source: Source) -> A.RuleFile:
-    """Turn a parse tree into a :class:`fxrules.lang.ast.RuleFile` (may raise RuleFileError)."""
-    return _TreeReader(source).file(tree)
-
-
-# ---------------------------------------------------------------------------
-# The direct path: AST nodes made by the parser's reductions
-# ---------------------------------------------------------------------------
-
-
-class NotDirect(Exception):
-    """The direct path gave up on a text (a syntax error, a limit, an invalid literal, ...).
-
-    The caller builds it the reference way, ``build(parse_tree(source), source)``, which
-    reports the problem, or builds it if the direct path gave up on something valid.
-    """
-
-
 _Match = type(re.match("", ""))
 _new_tuple = tuple.__new__  # makes a Span without namedtuple's Python-level __new__: one per node adds up
 _bisect_right = bisect.bisect_right
@@ -412,25 +99,47 @@ class _Attributes:
         self.keywords, self.end = keywords, end
 
 
-class _Reductions:
-    """One file's reductions: ``r_NAME`` makes what :class:`_TreeReader` makes from a tree named NAME.
+class _Problem(NamedTuple):
+    """Something wrong that the grammar cannot say, found by a reduction; ordered as the text reads."""
 
-    NAME is the grammar rule's alias, else its name, as in the Lark tree; ``r_NAME`` takes
-    that tree's children as Lark would give them (newline tokens dropped, the children of
-    inlined ``_rules`` and ``(...)*`` repetitions spliced in), except that a child tree is
-    already what its own reduction made and a token is the scanner's ``re.Match``. Anything
-    the reference builder would report raises :class:`NotDirect`, so the reference reports it.
+    line: int
+    column: int
+    rank: int  # at one position: 0 (a misplaced argument) before 1 (a bad literal inside it)
+    span: A.Span
+    message: str
 
-    Spans: a node's span runs from the first to the last token of its tree, as in the
-    reference. A child node's span gives those tokens' positions, except for an expression in
-    parentheses: its node keeps the span inside them (as the reference does) while a parent's
-    span reaches over them, so ``parenthesized`` records, by node id, the span with them.
+
+class Reductions:
+    """One file's reductions: ``r_NAME`` makes the AST node of a grammar rule aliased or named NAME.
+
+    ``r_NAME`` takes the rule's children as Lark's tree builder would give them (newline
+    tokens dropped, the children of inlined ``_rules`` and ``(...)*`` repetitions spliced in;
+    :func:`reduction` does that), except that a child is already what its own reduction made
+    and a token is the scanner's ``re.Match``. Problems go to ``problems`` (see the module's
+    docstring); :meth:`result` turns the start rule's value into the file's AST or raises.
+
+    Spans: a node's span runs from its first to its last token. A child node's span gives
+    those tokens' positions, except for an expression in parentheses: its node keeps the span
+    inside them while a parent's span reaches over them, so ``parenthesized`` records, by node
+    id, the span with them.
     """
 
     def __init__(self, path: str, text: str) -> None:
         self.path = path
         self.line_starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self.parenthesized: dict[int, tuple[object, A.Span]] = {}  # id -> (node, kept alive; its outer span)
+        self.problems: list[_Problem] = []
+
+    def result(self, rule_file: A.RuleFile, source: Source) -> A.RuleFile:
+        """The parsed file's AST; raises RuleFileError with the first problem in the text, if any."""
+        if not self.problems:
+            return rule_file
+        first = min(self.problems)
+        raise RuleFileError([Diagnostic.at(first.span, "unexpected-token", first.message)],
+                            {source.path: source.text})
+
+    def _problem(self, span: A.Span, rank: int, message: str) -> None:
+        self.problems.append(_Problem(span.line, span.column, rank, span, message))
 
     # -- positions and spans ------------------------------------------------------
     # (Inlined by hand: a span per node, two ends per span, so calls here add up.)
@@ -639,9 +348,9 @@ class _Reductions:
         for value in values:
             if type(value) is A.Keyword:
                 kwargs.append(value)
-            elif kwargs and type(value) is not A.Ellipsis_:
-                raise NotDirect("a positional argument after a keyword argument")
             else:
+                if kwargs and type(value) is not A.Ellipsis_:
+                    self._problem(self._span(value, value), 0, _POSITIONAL_AFTER_KEYWORD)
                 args.append(value)
         return _Arguments(tuple(args), tuple(kwargs), ch[-1])
 
@@ -660,16 +369,23 @@ class _Reductions:
 
     # -- literals: an expression's Literal (r_literal_condition makes a condition's) ------------
     def _int_literal(self, token) -> int:
-        """An INT token's value (a literal, a count, a size); the reference path reports too many digits."""
+        """An INT token's value (a literal, a count, a size); too many digits is a problem (value 0)."""
         value = _int(token.group())
         if value is None:
-            raise NotDirect("an integer literal with too many digits")
+            self._problem(self._token_span(token), 1, _too_many_digits(token.group()))
+            return 0
         return value
 
     def _string(self, token) -> str:
-        value = _literal_value(token.group())
+        """A STRING token's value; an invalid escape is a problem (value "")."""
+        try:
+            value = _literal_value(token.group())
+        except _INVALID_LITERAL:
+            self._problem(self._token_span(token), 1, _INVALID_ESCAPE)
+            return ""
         if not isinstance(value, str):  # pragma: no cover - the STRING terminal admits only str literals
-            raise NotDirect("not a string literal")
+            self._problem(self._token_span(token), 1, "invalid string literal")
+            return ""
         return value
 
     def r_int(self, ch: list) -> A.Literal:  # INT
@@ -751,10 +467,19 @@ class _Reductions:
     r_primary = r_group  # LPAR cond RPAR
 
 
-def _reduction(rule) -> Optional[Callable]:
-    """The reduction of a Lark grammar rule for :func:`fxrules.lang.parser.parse_direct`.
+Reduction = Callable[[Reductions, list], object]
+"""What a grammar rule's reduction makes from its symbols' values: ``reduce(target, values)``.
 
-    It does what Lark's tree builder does for the rule, with :class:`_Reductions` making the
+``values`` holds one value per symbol of the rule's expansion, in order: for a terminal the
+scanner's ``re.Match`` (its text, offsets and nothing else), for a rule what its own
+reduction made. ``target`` is the file's :class:`Reductions`.
+"""
+
+
+def reduction(rule) -> Optional[Reduction]:
+    """The reduction of a Lark grammar rule (``lark.grammar.Rule``), which both parse loops call.
+
+    It does what Lark's tree builder does for the rule, with :class:`Reductions` making the
     nodes: terminals whose names start with `_` (newlines) are dropped, the children of rules
     whose names start with `_` (``_item``, repetitions) are spliced into their parent's, and a
     `?rule` without an alias that has one child is that child (None: the loop hands it up).
@@ -768,7 +493,7 @@ def _reduction(rule) -> Optional[Callable]:
     children = _children(kept, len(expansion))
     single = rule.options.expand1 and not rule.alias
     if origin == "primary" and [symbol.name for symbol in expansion] == ["plain_literal"]:
-        return _Reductions.r_literal_condition
+        return Reductions.r_literal_condition
     if origin.startswith("_"):  # inlined into its parent: its value is its children
         return (lambda target, values: values) if children is None else (lambda target, values: children(values))
     if single and len(kept) == 1 and not kept[0][1]:
@@ -776,7 +501,7 @@ def _reduction(rule) -> Optional[Callable]:
             return None
         index = kept[0][0]
         return lambda target, values: values[index]
-    make = getattr(_Reductions, "r_" + str(rule.alias or origin))
+    make = getattr(Reductions, "r_" + str(rule.alias or origin))
     if single:  # one child after splicing is that child, as Lark's ExpandSingleChild does
         if children is None:
             return lambda target, values: values[0] if len(values) == 1 else make(target, values)
@@ -811,10 +536,3 @@ def _children(kept: list, size: int) -> Optional[Callable[[list], list]]:
     return children
 
 
-def build_direct(source: Source) -> A.RuleFile:
-    """Text to AST in one pass (see the module's docstring); raises :class:`NotDirect` when it gives up."""
-    text = source.text if source.text.endswith("\n") else source.text + "\n"
-    try:
-        return _parser.parse_direct(text, _parser.direct_tables(_reduction), _Reductions(source.path, text))
-    except Exception as exc:
-        raise NotDirect(str(exc)) from exc

@@ -46,20 +46,23 @@ class CheckedRule:
         return f"<rule {self.name} [{self.contract}] at {self.source}>"
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class RuleSet:
     """An ordered, immutable collection of checked rules. Rule order is match priority.
 
     ``sources`` keeps each file's text so diagnostics and reports can quote it;
     ``warnings`` holds non-fatal diagnostics; ``resolver`` carries the import
     policy the rules were checked under.
+
+    A RuleSet is compared and hashed by identity (``eq=False``) and can be weakly referenced:
+    the engine remembers what it compiled from each RuleSet object, for that object's lifetime
+    (:func:`fxrules.engine.program.compile_rules`), without storing anything in it.
     """
 
     rules: tuple[CheckedRule, ...]
     sources: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[Diagnostic, ...] = ()
     resolver: Resolver = field(default_factory=Resolver, compare=False)
-    cache: dict = field(default_factory=dict, compare=False, repr=False)  # compiled programs (fxrules.engine.program)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))

@@ -17,6 +17,7 @@ from fxrules import __version__
 from fxrules.lang.diagnostics import ERROR, Diagnostic
 from fxrules.lang.load import analyze, read_sources
 from fxrules.lang.names import Resolver
+from fxrules.lang.runtime import entered
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
@@ -226,7 +227,8 @@ def _check(args: argparse.Namespace) -> int:
         print(f"fxrules: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     sources, diagnostics = read_sources(args.paths)
-    rule_set, found = analyze(sources, Resolver(allowed))
+    with entered():  # an entry point: the command runs the front end's stages itself
+        rule_set, found = analyze(sources, Resolver(allowed))
     diagnostics = diagnostics + found
     texts = {s.path: s.text for s in sources}
     errors = [d for d in diagnostics if d.severity == ERROR]

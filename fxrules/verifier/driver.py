@@ -51,6 +51,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from fxrules.lang.diagnostics import FxrulesError
+from fxrules.lang.runtime import entered
 from fxrules.lang.ruleset import CheckedRule, RuleSet
 
 
@@ -668,7 +669,8 @@ def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: b
 
     from fxrules.verifier.samplers import default_catalogue
 
-    rule_set = as_rule_set(rules, allow_imports)
+    with entered():
+        rule_set = as_rule_set(rules, allow_imports)
     catalogue = catalogue if catalogue is not None else default_catalogue()  # built once per run
     options = VerifyOptions(max_examples=max_examples, seed=seed, grad=grad,
                             dtypes=tuple(dtypes) if dtypes is not None else DEFAULT_DTYPES, database=database,
@@ -683,7 +685,10 @@ def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: b
     for index, name in enumerate(selected):
         if progress is not None:
             progress(index, len(selected), name)
-        verdicts.append(verify_rule(rule_set, name, options))
+        # An entry per rule, not one for the whole run: a run is long, and a paused collector
+        # would hold every garbage cycle of every host graph until its end.
+        with entered():
+            verdicts.append(verify_rule(rule_set, name, options))
     if progress is not None:
         progress(len(selected), len(selected), None)
     return VerifyReport(tuple(verdicts), time.perf_counter() - start)

@@ -1,0 +1,166 @@
+"""Process-wide state (fxrules.lang.runtime) and the engine's memo of compiled rules.
+
+The API's entry points hold ``runtime.entered()``: the garbage collector paused and the
+recursion limit raised while they work, both as they were afterwards, whether the call
+returned or raised, and nested entries restore nothing early. The engine remembers what it
+compiled per RuleSet object, weakly: a second apply reuses it, and it keeps no RuleSet alive.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import fxrules
+import fxrules.engine.program as program
+from fxrules.lang import runtime
+
+RULE = "rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)\n"
+
+
+class Twice(nn.Module):
+    def forward(self, x):
+        return torch.relu(torch.relu(x))
+
+
+@pytest.fixture
+def low_limit():
+    """A recursion limit below the runtime's (the test suite may run with any), restored after."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(3000)
+    yield 3000
+    sys.setrecursionlimit(before)
+
+
+def _state() -> tuple[int, bool]:
+    return sys.getrecursionlimit(), gc.isenabled()
+
+
+def test_entered_sets_and_restores(low_limit):
+    assert _state() == (low_limit, True)
+    with runtime.entered():
+        assert _state() == (runtime.RECURSION_LIMIT, False)
+        with runtime.entered():
+            assert _state() == (runtime.RECURSION_LIMIT, False)
+        assert _state() == (runtime.RECURSION_LIMIT, False)  # the inner exit restores nothing
+    assert _state() == (low_limit, True)
+
+
+def test_entered_restores_after_an_exception(low_limit):
+    with pytest.raises(KeyError):
+        with runtime.entered():
+            with runtime.entered():
+                raise KeyError("x")
+    assert _state() == (low_limit, True)
+
+
+def test_a_callers_settings_stay():
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(runtime.RECURSION_LIMIT * 2)
+    gc.disable()
+    try:
+        with runtime.entered():
+            assert _state() == (runtime.RECURSION_LIMIT * 2, False)
+        assert _state() == (runtime.RECURSION_LIMIT * 2, False)
+    finally:
+        gc.enable()
+        sys.setrecursionlimit(before)
+
+
+def test_entries_from_two_threads_are_counted(low_limit):
+    inside, leave = threading.Event(), threading.Event()
+
+    def other():
+        with runtime.entered():
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=other)
+    with runtime.entered():
+        thread.start()
+        assert inside.wait(10)
+    assert _state() == (runtime.RECURSION_LIMIT, False)  # the other thread is still inside
+    leave.set()
+    thread.join(10)
+    assert _state() == (low_limit, True)
+
+
+def test_the_api_entry_points_restore_the_process_state(low_limit, tmp_path):
+    path = tmp_path / "r.fxr"
+    path.write_text(RULE)
+    seen = []
+
+    def during(*args, **kwargs):
+        seen.append(_state())
+        return real(*args, **kwargs)
+
+    real = program.compile_rules
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("fxrules.engine.driver.compile_rules", during)
+        rules = fxrules.load_rules(path)
+        assert _state() == (low_limit, True)
+        result = fxrules.apply_rules(Twice(), rules)
+        assert result.report.counts == {"r": 1}
+        fxrules.find_matches(Twice(), rules)
+        fxrules.explain(Twice(), rules)
+    assert seen == [(runtime.RECURSION_LIMIT, False)] * 3
+    assert _state() == (low_limit, True)
+    with pytest.raises(fxrules.RuleFileError):
+        fxrules.parse_rules("rule r:\n    call_function torch.relu(\n")
+    with pytest.raises(fxrules.RuleFileError):
+        fxrules.load_rules(tmp_path / "missing.fxr")
+    with pytest.raises(fxrules.ModelError):
+        fxrules.apply_rules(object(), rules)
+    assert _state() == (low_limit, True)
+
+
+def test_deep_nesting_is_checked_under_a_low_limit(low_limit):
+    """The stages rely on the entry's limit, not on one they set themselves."""
+    import fxrules.lang.parser as parser
+
+    depth = parser.MAX_DEPTH - 2
+    pattern = "$x"
+    for _ in range(depth):
+        pattern = f"call_function torch.relu({pattern})"
+    sys.setrecursionlimit(1000)
+    rules = fxrules.parse_rules(f"rule deep:\n    {pattern} -> $x\n")
+    assert rules.names == ["deep"]
+    assert sys.getrecursionlimit() == 1000
+
+
+def test_a_second_apply_reuses_the_compiled_rules(monkeypatch):
+    rules = fxrules.parse_rules(RULE)
+    compiled = []
+    real = program.RuleCompiler.program
+
+    def counting(self):
+        compiled.append(self)
+        return real(self)
+
+    monkeypatch.setattr(program.RuleCompiler, "program", counting)
+    fxrules.apply_rules(Twice(), rules)
+    fxrules.apply_rules(Twice(), rules)
+    assert len(compiled) == 1
+    assert program.compile_rules(rules) is program.compile_rules(rules)
+    again = fxrules.parse_rules(RULE)  # equal rules, another object: compiled for itself
+    assert program.compile_rules(again) is not program.compile_rules(rules)
+    assert len(compiled) == 2
+    assert not hasattr(rules, "cache") and not hasattr(rules, "__dict__")  # nothing written into it
+
+
+def test_the_memo_keeps_no_rule_set_alive():
+    rules = fxrules.parse_rules(RULE)
+    fxrules.apply_rules(Twice(), rules)
+    assert rules in program._compiled
+    before = len(program._compiled)
+    ref = weakref.ref(rules)
+    del rules
+    gc.collect()
+    assert ref() is None
+    assert len(program._compiled) == before - 1
