@@ -13,8 +13,8 @@ in one fixed layout, so that formatting is a function of the AST alone::
         -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)
 
 The contract with :mod:`fxrules.lang.parser` and :mod:`fxrules.lang.reductions` is the round
-trip ``build(parse(print_file(f))) == f`` for every ``f`` the builder produces
-(spans aside), and idempotence of ``print_file(build(parse(text)))``.
+trip ``parse(print_file(f)) == f`` for every ``f`` the parser produces
+(spans aside), and idempotence of ``print_file(parse(text))``.
 ``tests/test_printer.py`` checks both, on the corpus and on random ASTs.
 
 Layout
@@ -28,7 +28,7 @@ Expressions
     Alternation is always parenthesized, ``(a | b)``; a bound binding is
     parenthesized, ``(p as a) as b``. Tuples print as ``(a,)`` and ``(a, b)``.
     In an argument list, a trailing ``...`` is printed after the keyword
-    arguments (``f($x, k=1, ...)``), which the builder reads back unchanged.
+    arguments (``f($x, k=1, ...)``), which the parser reads back unchanged.
 
 Conditions
     Printed with the fewest parentheses the grammar needs: ``or`` < ``and`` <
@@ -47,19 +47,19 @@ Literals
     non-printable character, as :func:`repr` does), which the ``STRING``
     terminal accepts and :func:`ast.literal_eval` reads back to the same value.
     Floats print with :func:`repr`, which round-trips exactly. Infinity has no
-    literal, but the builder produces it from an overflowing literal such as
+    literal, but the parser produces it from an overflowing literal such as
     ``1e999``, so ``inf`` prints as ``1e999`` (and ``-inf`` as ``-1e999``),
     which reads back as infinity. NaN cannot come from any source text and
     raises :class:`ValueError`. Integers too long for :func:`str` (see
-    :func:`sys.set_int_max_str_digits`) print in hexadecimal, which the builder
+    :func:`sys.set_int_max_str_digits`) print in hexadecimal, which the parser
     reads without a length limit.
 
     A negative number in a pattern (``-5``) is one literal, but in a condition
     the grammar reads ``-5`` as unary minus applied to ``5``; so a negative
-    :class:`~fxrules.lang.ast.CLiteral` (which the builder never produces) prints
+    :class:`~fxrules.lang.ast.CLiteral` (which the parser never produces) prints
     as ``-5`` and reads back as ``CUnary("-", CLiteral(5))``.
 
-Shapes the builder never produces (an ``Alt`` with one option, a list in
+Shapes the parser never produces (an ``Alt`` with one option, a list in
 pattern position, a call with keyword arguments but ``args is None``...) are
 printed as faithfully as the syntax allows, without a round-trip guarantee. A
 rule with no patterns or no replacements, or an unnamed rule with a
