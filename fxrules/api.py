@@ -390,22 +390,35 @@ def apply_and_compare(model, rules, *, example_inputs: Optional[tuple] = None, e
     if inputs is not None:
         note("comparing outputs")
         reference_model = captured.before if export else model
-        with torch.no_grad():
-            try:
-                reference = reference_model(*inputs)
-            except Exception as exc:
-                raise ModelError(f"the model does not run on the example inputs: {type(exc).__name__}: "
-                                 f"{_first_line(exc)}") from exc
-            try:
-                after = result.module(*inputs)
-            except Exception as exc:  # the rules broke the model
-                raise ComparisonError(f"the rewritten module does not run on the example inputs (the original "
-                                      f"does): {type(exc).__name__}: {_first_line(exc)}", result) from exc
+        try:
+            reference = _run(reference_model, inputs)
+        except Exception as exc:
+            raise ModelError(f"the model does not run on the example inputs: {type(exc).__name__}: "
+                             f"{_first_line(exc)}") from exc
+        try:
+            after = _run(result.module, inputs)
+        except Exception as exc:  # the rules broke the model
+            raise ComparisonError(f"the rewritten module does not run on the example inputs (the original "
+                                  f"does): {type(exc).__name__}: {_first_line(exc)}", result) from exc
         outputs = compare_outputs(reference, after)
-    timings = Timings(captured_at - start, rewritten_at - captured_at,
+    timings = Timings(captured_at - start if captured is not None else 0.0, rewritten_at - captured_at,
                       time.perf_counter() - rewritten_at if inputs is not None else 0.0)
     return ApplyComparison(result, None if captured is None else captured.before, inputs, outputs, after, export,
                            timings)
+
+
+def _run(module: Any, inputs: tuple) -> Any:
+    """``module(*inputs)`` under no_grad. A GraphModule that raises prints the traceback of its generated
+    code to sys.stderr before the exception leaves it; that print is dropped (the exception says it)."""
+    import io
+
+    import torch
+
+    held = io.StringIO()
+    with torch.no_grad(), contextlib.redirect_stderr(held):
+        value = module(*inputs)
+    sys.stderr.write(held.getvalue())  # it ran: whatever it printed is the model's own
+    return value
 
 
 def _quiet(note: str) -> None:

@@ -72,6 +72,9 @@ rule flatten_2d_noop [exact]:
 
 BROKEN = "rule broken [exact]:\n    call_module Dropout($x) -> $y\n"
 
+# A rule that applies cleanly and breaks the model: the rewritten module raises on the inputs.
+BREAKS = "rule breaks [changes]:\n    call_function torch.relu($x) -> call_method view($x, 7, 7)\n"
+
 # A model module with no torch import: its failures must not need torch either.
 LIGHT = """\
 def raises():
@@ -161,7 +164,7 @@ def _finish(proc: subprocess.Popen) -> tuple[int, str, str]:
 def work(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("cli_apply")
     files = {"simple.fxr": SIMPLE, "fold.fxr": FOLD, "aten_relu.fxr": ATEN, "needs_shapes.fxr": NEEDS_SHAPES,
-             "broken.fxr": BROKEN, "cli_light.py": LIGHT, "cli_models.py": MODELS, "reload.py": RELOAD,
+             "broken.fxr": BROKEN, "breaks.fxr": BREAKS, "cli_light.py": LIGHT, "cli_models.py": MODELS, "reload.py": RELOAD,
              # a bundled-library stand-in, and a local directory with the name of one of its families
              "lib/myfam/drop.fxr": SIMPLE.split("\n\n")[0] + "\n",
              "lib/shadowed/never.fxr": "rule never_used [exact]:\n    call_module Identity($x) -> $x\n",
@@ -208,6 +211,7 @@ def _command_lines(w: Path) -> dict:
         "out_late": (["apply", simple, *REDUNDANT, "--out", str(w / "late")], None, empty),
         "rule_file": (["apply", str(w / "broken.fxr"), *REDUNDANT], None, empty),
         "needs_shapes": (["apply", str(w / "needs_shapes.fxr"), *REDUNDANT], None, empty),
+        "breaks": (["apply", str(w / "breaks.fxr"), *REDUNDANT, *IMAGE], None, empty),
         "families": (["apply", "myfam", "shadowed", *REDUNDANT, "--format", "json"], str(w / "lib"), empty),
         "no_family": (["apply", "nosuch", *REDUNDANT], str(w / "lib"), empty),
         "export_no_input": (["apply", simple, *REDUNDANT, "--export"], None, empty),
@@ -598,6 +602,13 @@ def test_a_rule_failing_on_the_model_exits_1_and_names_the_cli_fix(runs, work):
     line = _one_line_error(runs["needs_shapes"], code=1)
     assert line.startswith(f"fxrules: {work / 'needs_shapes.fxr'}:1: rule `flatten_2d_noop` failed at node ")
     assert "pass --input SHAPE" in line and "example_inputs=" not in line
+
+
+def test_a_rule_breaking_the_model_exits_1_in_one_line(runs):
+    """torch prints the generated code's traceback when a GraphModule raises: none of it is shown."""
+    line = _one_line_error(runs["breaks"], code=1)
+    assert line.startswith("fxrules: the rewritten module does not run on the example inputs (the original "
+                           "does): RuntimeError: shape '[7, 7]' is invalid")
 
 
 def test_help_lists_apply_and_explain_options(capsys):
