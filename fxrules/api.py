@@ -9,6 +9,7 @@ line only renders what they return).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import os
 import sys
@@ -146,13 +147,15 @@ def capture(model, *, example_inputs: Optional[tuple] = None, export: bool = Fal
         raise ModelError(f"expected an nn.Module, got {type(model).__name__}")
     tracer = fx.Tracer()
     tracer.record_stack_traces = stack_traces
+    # The tracer stores the tensor constants it meets on the module it traces: trace a shallow copy
+    # (its own attribute dictionary, the same parameters and submodules) so the model is left as it was.
+    root = copy.copy(model)
     try:
-        graph = tracer.trace(model)
+        graph = tracer.trace(root)
     except Exception as exc:
         raise ModelError(f"{type(model).__name__} does not trace with torch.fx ({type(exc).__name__}: "
-                         f"{_first_line(exc)}); pass a torch.fx.GraphModule or a torch.export.ExportedProgram, "
-                         f"or concrete_args") from exc
-    module = fx.GraphModule(tracer.root, graph, class_name=type(model).__name__)
+                         f"{_first_line(exc)}); try export=True with example_inputs") from exc
+    module = fx.GraphModule(root, graph, class_name=type(model).__name__)
     return Capture(module, module, inputs, False)
 
 

@@ -78,13 +78,27 @@ def test_apply_and_compare_holds_the_rewrite_outputs_code_and_timings(cleanup):
         found.outputs = None  # a frozen value
 
 
+class WithConstant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout()
+
+    def forward(self, x):
+        return self.drop(x) + torch.tensor([1.0, 2.0])  # the tracer stores the constant on the traced module
+
+
 def test_the_model_is_left_as_it_was(cleanup):
     model = zoo.redundant()
-    before = torch.fx.symbolic_trace(model).code
+    code = torch.fx.symbolic_trace(zoo.redundant()).code
     state = {k: v.clone() for k, v in model.state_dict().items()}
     fxrules.apply_and_compare(model, cleanup, example_inputs=_image())
-    assert torch.fx.symbolic_trace(model).code == before
+    assert torch.fx.symbolic_trace(model).code == code
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    constant = WithConstant().eval()
+    attributes = set(vars(constant))
+    found = fxrules.apply_and_compare(constant, fxrules.parse_rules(SIMPLE), example_inputs=(torch.ones(3, 2),))
+    assert found.result.counts == {"remove_dropout": 1} and found.equal
+    assert set(vars(constant)) == attributes and not hasattr(constant, "_tensor_constant0")
 
 
 def test_without_inputs_nothing_is_compared():
@@ -157,7 +171,8 @@ def test_a_rewrite_that_breaks_the_model_raises_with_the_result(capfd):
 
 
 def test_models_that_cannot_be_captured_or_run_are_model_errors(cleanup):
-    with pytest.raises(fxrules.ModelError, match=r"^Branchy does not trace with torch.fx \(TraceError: "):
+    with pytest.raises(fxrules.ModelError, match=r"^Branchy does not trace with torch.fx \(TraceError: .*\); "
+                                                 r"try export=True with example_inputs$"):
         fxrules.apply_and_compare(Branchy(), cleanup)
     with pytest.raises(fxrules.ModelError, match=r"^torch.export failed: "):
         fxrules.apply_and_compare(Branchy(), cleanup, example_inputs=(torch.randn(3),), export=True)

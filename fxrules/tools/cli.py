@@ -711,6 +711,7 @@ def _cli_hint(message: str) -> str:
                               "pass --input SHAPE (and --export for a torch.export graph)")
     message = message.replace("; pass a torch.fx.GraphModule or a torch.export.ExportedProgram, or concrete_args",
                               "; try --export with --input")
+    message = message.replace("; try export=True with example_inputs", "; try --export with --input")
     return message.replace("pass example_inputs= to apply_rules", "pass --input SHAPE")
 
 
