@@ -371,8 +371,6 @@ def apply_and_compare(model, rules, *, example_inputs: Optional[tuple] = None, e
     :class:`fxrules.api.ComparisonError` when the rewritten module does not run on inputs the
     original runs on. The model is never modified.
     """
-    import torch
-
     from fxrules.engine.errors import ModelError
 
     note = on_phase if on_phase is not None else _quiet
