@@ -2,12 +2,15 @@
 
 Importing fxrules does not import torch: the front end (``load_rules``,
 ``parse_rules``, ``fxrules check``) works without it. The engine
-(``apply_rules``, ``find_matches``, ``explain``) imports torch when first used.
+(``apply_rules``, ``find_matches``, ``explain``, ``apply_and_compare``) imports torch when first used.
 """
 
 from pathlib import Path as _Path
 
-from fxrules.api import apply_rules, explain, find_matches, load_rules, parse_rules
+from fxrules.api import (
+    ApplyComparison, Capture, ComparisonError, OutputDifference, Timings, apply_and_compare, apply_rules, capture,
+    compare_outputs, explain, find_matches, load_rules, parse_rules,
+)
 from fxrules.errors import Diagnostic, FxrulesError, RuleFileError
 from fxrules.lang.ruleset import CheckedRule, RuleSet
 
@@ -48,4 +51,6 @@ __all__ = [
     "LIBRARY", "CheckedRule", "Diagnostic", "FxrulesError", "ModelError", "Report", "RewriteError", "RewriteLoopError",
     "RewriteResult", "RuleFileError", "RuleSet", "apply_rules", "explain", "find_matches", "load_rules",
     "parse_rules", "RulePass", "compile_backend", "load_saved", "verify", "VerifyReport",
+    "ApplyComparison", "Capture", "ComparisonError", "OutputDifference", "Timings", "apply_and_compare", "capture",
+    "compare_outputs",
 ]

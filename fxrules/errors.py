@@ -7,10 +7,10 @@ holds all of a load's diagnostics. This module only re-exports: diagnostics live
 Importing it does not import torch.
 """
 
-from fxrules.engine.errors import BuilderError, ModelError, RewriteError, RewriteLoopError
+from fxrules.engine.errors import BuilderError, ComparisonError, ModelError, RewriteError, RewriteLoopError
 from fxrules.lang.diagnostics import CODES, ERROR, WARNING, Diagnostic, FxrulesError, RuleFileError, sort_key
 
 __all__ = [
-    "BuilderError", "CODES", "Diagnostic", "ERROR", "FxrulesError", "ModelError", "RewriteError", "RewriteLoopError",
+    "BuilderError", "CODES", "ComparisonError", "Diagnostic", "ERROR", "FxrulesError", "ModelError", "RewriteError", "RewriteLoopError",
     "RuleFileError", "WARNING", "sort_key",
 ]

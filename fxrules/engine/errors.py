@@ -9,7 +9,7 @@ from typing import Optional
 
 from fxrules.lang.diagnostics import FxrulesError
 
-__all__ = ["BuilderError", "ModelError", "RewriteError", "RewriteLoopError"]
+__all__ = ["BuilderError", "ComparisonError", "ModelError", "RewriteError", "RewriteLoopError"]
 
 
 class RewriteError(FxrulesError):
@@ -48,3 +48,14 @@ class BuilderError(FxrulesError, ValueError):
     It is a :class:`ValueError` (the arguments are the problem) and an
     :class:`~fxrules.errors.FxrulesError` (fxrules raised it on purpose).
     """
+
+
+class ComparisonError(FxrulesError):
+    """The rewritten module does not run on example inputs the original runs on: the rules broke it.
+
+    ``result`` is the rewrite (a RewriteResult), for a look at what the rules did.
+    """
+
+    def __init__(self, message: str, result: object):
+        super().__init__(message)
+        self.result = result

@@ -143,6 +143,14 @@ class NearMiss:
     stack_trace: Optional[str] = None
     code: "MissCode | RefusalCode" = field(kw_only=True)
 
+    @property
+    def stage(self) -> str:
+        """Where the rule stopped: ``"pattern"``, ``"condition"`` (the pattern matched, a ``where``
+        clause is false) or ``"refused"`` (everything matched, the planner refused the rewrite)."""
+        if isinstance(self.code, RefusalCode):
+            return "refused"
+        return "condition" if self.code is MissCode.CONDITION_FALSE else "pattern"
+
     def __str__(self) -> str:
         text = f"{self.location}: rule `{self.rule}` did not match at %{self.node}: {self.reason}"
         if self.stack_trace:

@@ -1,4 +1,17 @@
-"""The ``fxrules`` command. Thin: parse arguments, call the API, print, exit.
+"""The ``fxrules`` command. Thin: parse arguments, call the API, render, exit.
+
+One function per command (``_check``, ``_fmt``, ``_apply``, ``_explain``, ``_verify``), one
+per option or output they render (``_diff_part``, ``_out_part``, ``_graph_part``, the text
+and json renderers). The work is the Python API's: ``fxrules.apply_and_compare`` captures,
+rewrites and compares, ``fxrules.capture`` and ``fxrules.explain`` explain, ``fxrules.verify``
+verifies; this module imports only the public root, the front end (``check``) and the other
+tools.
+
+What stays here, because it is command-line syntax rather than something a Python caller
+needs: naming a model as ``PKG.MODULE:FACTORY`` (a Python caller has the model), ``--input
+2x3x16x16`` shapes and the seeded random tensors made from them (a Python caller passes its
+own inputs), rule family names (``cleanup``), ``[tool.fxrules]`` in pyproject.toml, and
+rewording the API's advice (``example_inputs=``) into options (``--input``).
 
 Exit codes: 0 success, 1 the input has problems (errors in rule files), 2 usage
 or internal error. No traceback ever reaches the user.
@@ -9,9 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import sys
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
 
 from fxrules import __version__
 from fxrules.lang.diagnostics import ERROR, Diagnostic
@@ -26,16 +41,38 @@ class _UsageError(Exception):
     """A problem with how fxrules was called; printed as one line, exit 2."""
 
 
+class _Failure(Exception):
+    """A problem found while running a command: its text (it may span lines) and exit code."""
+
+    def __init__(self, text: str, code: int):
+        super().__init__(text)
+        self.text, self.code = text, code
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # usage errors exit 2 with one line, as argparse does
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+# ---------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fxrules", description="Declarative, checked rewrite rules for torch.fx graphs.")
     parser.add_argument("--version", action="version", version=f"fxrules {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _check_parser(commands)
+    _apply_parser(commands)
+    _explain_parser(commands)
+    _fmt_parser(commands)
+    _verify_parser(commands)
+    return parser
+
+
+def _check_parser(commands) -> None:
     check = commands.add_parser("check", help="validate rule files (syntax, names, bindings, contracts)",
                                 description="Validate rule files. Exit 0 when clean, 1 when errors were found, "
                                             "2 on usage errors.")
@@ -46,6 +83,8 @@ def _build_parser() -> argparse.ArgumentParser:
     _allow_import_argument(check)
     check.set_defaults(run=_check)
 
+
+def _apply_parser(commands) -> None:
     apply = commands.add_parser("apply", help="apply rules to a model and print what they did",
                                 description="Trace a model, apply the rules to a fixpoint and print the report. "
                                             "Exit 0 on success, 1 when a rule fails on the model, 2 on usage "
@@ -62,6 +101,8 @@ def _build_parser() -> argparse.ArgumentParser:
     _format_argument(apply)
     apply.set_defaults(run=_apply)
 
+
+def _explain_parser(commands) -> None:
     explain = commands.add_parser("explain", help="show where rules almost matched a model, and why not",
                                   description="Trace a model and list its near misses: nodes where a rule's "
                                               "root matched but the rule did not apply, with the rule file:line:col "
@@ -72,6 +113,8 @@ def _build_parser() -> argparse.ArgumentParser:
     _format_argument(explain)
     explain.set_defaults(run=_explain)
 
+
+def _fmt_parser(commands) -> None:
     fmt = commands.add_parser("fmt", help="format rule files canonically (keeps every comment)",
                               description="Rewrite rule files in the canonical layout, keeping every comment. "
                                           "Exit 0 when done, 1 when a file would change (--check/--diff) or has "
@@ -82,6 +125,8 @@ def _build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--diff", action="store_true", help="write nothing; print a unified diff of the changes")
     fmt.set_defaults(run=_fmt)
 
+
+def _verify_parser(commands) -> None:
     verify = commands.add_parser("verify", help="check that every rule keeps its contract (property tests)",
                                  description="For each rule: draw host models that contain its pattern and run its "
                                              "examples; apply the rule; compare outputs by its contract. Exit 0 when "
@@ -106,61 +151,6 @@ def _build_parser() -> argparse.ArgumentParser:
     _format_argument(verify)
     _allow_import_argument(verify)
     verify.set_defaults(run=_verify)
-    return parser
-
-
-def _verify(args: argparse.Namespace) -> int:
-    try:
-        return _run_verify(args)
-    except _UsageError as exc:
-        print(f"fxrules: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-
-
-def _run_verify(args: argparse.Namespace) -> int:
-    from fxrules.api import load_rules
-    from fxrules.lang.diagnostics import RuleFileError
-    from fxrules.tools.progress import progress, should_show
-
-    if args.max_examples < 1:
-        raise _UsageError("--max-examples must be at least 1")
-    paths = _rule_paths(args.paths)
-    try:
-        rule_set = load_rules(*paths, allow_imports=_allowed(args))
-    except RuleFileError as exc:
-        print(exc.render(), file=sys.stderr)
-        return EXIT_USAGE
-    if args.reproduce is not None:
-        from fxrules.verifier.driver import parse_reproduce
-
-        if len(args.rule or ()) != 1:
-            raise _UsageError("--reproduce replays one rule's counterexample: give exactly one --rule")
-        try:
-            parse_reproduce(args.reproduce)
-        except ValueError as exc:
-            raise _UsageError(str(exc)) from None
-    unknown = [name for name in args.rule or () if name not in rule_set]
-    if unknown:
-        raise _UsageError(f"no rule named {unknown[0]!r} in {', '.join(args.paths)}")
-    from fxrules.verifier.driver import verify
-
-    database = None if args.no_database else args.database
-    with progress(len(args.rule or rule_set.names), "verify", should_show(args.format)) as bar:
-        report = verify(rule_set, max_examples=args.max_examples, seed=args.seed, grad=args.grad, database=database,
-                        names=args.rule, reproduce=args.reproduce,
-                        progress=lambda done, total, name: bar.update(done, note=name or ""))
-    if args.format == "json":
-        json.dump(report.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(report)
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
-
-
-def _fmt(args: argparse.Namespace) -> int:
-    from fxrules.tools.fmt import run
-
-    return run(list(args.paths), check=args.check, diff=args.diff)
 
 
 def _model_arguments(command: argparse.ArgumentParser) -> None:
@@ -194,7 +184,6 @@ def _allow_import_argument(command: argparse.ArgumentParser) -> None:
 
 def project_allow_imports(start: Optional[str] = None) -> list[str]:
     """``allow-imports`` from the ``[tool.fxrules]`` table of the nearest pyproject.toml above ``start``."""
-    import os
     import tomllib
 
     directory = os.path.abspath(start or os.getcwd())
@@ -220,24 +209,59 @@ def _allowed(args: argparse.Namespace) -> list[str]:
     return list(args.allow_import) + project_allow_imports()
 
 
+# ---------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------
+
+
 def _check(args: argparse.Namespace) -> int:
     try:
         allowed = _allowed(args)
     except _UsageError as exc:
-        print(f"fxrules: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage(exc)
     sources, diagnostics = read_sources(args.paths)
     with entered():  # an entry point: the command runs the front end's stages itself
         rule_set, found = analyze(sources, Resolver(allowed))
-    diagnostics = diagnostics + found
+    diagnostics = sorted(diagnostics + found, key=lambda d: (d.path, d.line, d.column, d.code))
+    unreadable = {d.path for d in diagnostics if d.code in ("io-error", "binary-input", "invalid-encoding")}
+    files = sorted({s.path for s in sources} | unreadable)
     texts = {s.path: s.text for s in sources}
+    _CHECK_RENDERERS[args.format](diagnostics, texts, files, len(rule_set))
     errors = [d for d in diagnostics if d.severity == ERROR]
-    files = sorted({s.path for s in sources} | {d.path for d in diagnostics if d.code in ("io-error", "binary-input",
-                                                                                           "invalid-encoding")})
-    _emit(args.format, diagnostics, texts, files=files, rules=len(rule_set))
     if any(d.code == "io-error" for d in errors):
         return EXIT_USAGE  # a path that does not exist or cannot be read is a usage error
     return EXIT_PROBLEMS if errors else EXIT_OK
+
+
+def _check_json(diagnostics: list[Diagnostic], texts: dict[str, str], files: list[str], rules: int) -> None:
+    errors = sum(d.severity == ERROR for d in diagnostics)
+    _print_json({"version": 1, "files": files, "rules": rules, "errors": errors,
+                 "warnings": len(diagnostics) - errors, "diagnostics": [d.to_json() for d in diagnostics]})
+
+
+def _check_github(diagnostics: list[Diagnostic], texts: dict[str, str], files: list[str], rules: int) -> None:
+    for d in diagnostics:
+        kind = "error" if d.severity == ERROR else "warning"
+        message = d.message + "".join(f" ({n})" for n in d.notes)
+        print(f"::{kind} file={_property(d.path)},line={d.line},col={d.column},title={_property(d.code)}"
+              f"::{_data(message)}")
+
+
+def _check_text(diagnostics: list[Diagnostic], texts: dict[str, str], files: list[str], rules: int) -> None:
+    for d in diagnostics:
+        print(d.render(texts.get(d.path)))
+    sys.stdout.flush()
+    errors = sum(d.severity == ERROR for d in diagnostics)
+    warnings = len(diagnostics) - errors
+    summary = f"{_count(len(files), 'file')}, {_count(rules, 'rule')} checked"
+    if diagnostics:
+        summary += f": {_count(errors, 'error')}, {_count(warnings, 'warning')}"
+    else:
+        summary += ": no problems"
+    print(summary, file=sys.stderr if diagnostics else sys.stdout)
+
+
+_CHECK_RENDERERS = {"text": _check_text, "json": _check_json, "github": _check_github}
 
 
 def _data(text: str) -> str:
@@ -250,102 +274,306 @@ def _property(text: str) -> str:
     return _data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def _emit(fmt: str, diagnostics: list[Diagnostic], texts: dict[str, str], *, files: list[str], rules: int) -> None:
-    diagnostics = sorted(diagnostics, key=lambda d: (d.path, d.line, d.column, d.code))
-    errors = sum(d.severity == ERROR for d in diagnostics)
-    warnings = len(diagnostics) - errors
-    if fmt == "json":
-        json.dump({"version": 1, "files": files, "rules": rules, "errors": errors, "warnings": warnings,
-                   "diagnostics": [d.to_json() for d in diagnostics]}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return
-    if fmt == "github":
-        for d in diagnostics:
-            kind = "error" if d.severity == ERROR else "warning"
-            message = d.message + "".join(f" ({n})" for n in d.notes)
-            print(f"::{kind} file={_property(d.path)},line={d.line},col={d.column},title={_property(d.code)}"
-                  f"::{_data(message)}")
-        return
-    for d in diagnostics:
-        print(d.render(texts.get(d.path)))
-    sys.stdout.flush()
-    summary = f"{len(files)} file{'s' * (len(files) != 1)}, {rules} rule{'s' * (rules != 1)} checked"
-    if errors or warnings:
-        summary += f": {errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)}"
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+# ---------------------------------------------------------------------------
+# fmt and verify
+# ---------------------------------------------------------------------------
+
+
+def _fmt(args: argparse.Namespace) -> int:
+    from fxrules.tools.fmt import run
+
+    return run(list(args.paths), check=args.check, diff=args.diff)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    import fxrules
+    from fxrules.tools.progress import progress, should_show
+
+    try:
+        if args.max_examples < 1:
+            raise _UsageError("--max-examples must be at least 1")
+        paths, rule_set = _load_rule_set(args)
+        if args.reproduce is not None and len(args.rule or ()) != 1:
+            raise _UsageError("--reproduce replays one rule's counterexample: give exactly one --rule")
+        unknown = [name for name in args.rule or () if name not in rule_set]
+        if unknown:
+            raise _UsageError(f"no rule named {unknown[0]!r} in {', '.join(args.paths)}")
+        started: list[bool] = []  # verify checks its arguments before the first progress call
+
+        def on_progress(done: int, total: int, name: Optional[str]) -> None:
+            started.append(True)
+            bar.update(done, note=name or "")
+
+        with progress(len(args.rule or rule_set.names), "verify", should_show(args.format)) as bar:
+            try:
+                report = fxrules.verify(rule_set, max_examples=args.max_examples, seed=args.seed, grad=args.grad,
+                                        database=None if args.no_database else args.database, names=args.rule,
+                                        reproduce=args.reproduce, progress=on_progress)
+            except ValueError as exc:  # a malformed --reproduce line, found before any work
+                if started:
+                    raise
+                raise _UsageError(str(exc)) from None
+    except _UsageError as exc:
+        return _usage(exc)
+    except _Failure as exc:
+        return _fail(exc)
+    if args.format == "json":
+        _print_json(report.to_json())
     else:
-        summary += ": no problems"
-    print(summary, file=sys.stderr if diagnostics else sys.stdout)
+        print(report)
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
-def _load_model(spec: str):
-    import importlib
+# ---------------------------------------------------------------------------
+# apply
+# ---------------------------------------------------------------------------
 
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise _UsageError(f"--model must look like PKG.MODULE:FACTORY, got {spec!r}")
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """What one option adds to apply's output: its json value, its lines of text, lines for stderr."""
+
+    json: Any = None
+    text: tuple[str, ...] = ()
+    messages: tuple[str, ...] = ()
+
+
+def _apply(args: argparse.Namespace) -> int:
+    import fxrules
+    from fxrules.tools.progress import progress, should_show
+
     try:
-        module = importlib.import_module(module_name)  # models are trusted code (see SECURITY.md)
+        with progress(4 + bool(args.input) + bool(args.out) + bool(args.graph), "fxrules apply",
+                      should_show(args.format)) as bar:
+            bar.note("loading rules")
+            _check_outputs(args)
+            shapes = [_shape(s) for s in args.input]
+            paths, rules = _load_rule_set(args)
+            bar.advance(note="loading the model")
+            model = _load_model(args.model)
+            with _api_errors():
+                found = fxrules.apply_and_compare(model, rules, example_inputs=_example_inputs(shapes),
+                                                  export=args.export, keep_before=bool(args.diff or args.graph),
+                                                  on_phase=lambda note: bar.advance(note=note))
+            bar.advance()
+            diff = _diff_part(args, found)
+            out = _out_part(args, found, paths, shapes, bar)
+            graph = _graph_part(args, found, model, bar)
+    except _UsageError as exc:
+        return _usage(exc)
+    except _Failure as exc:
+        return _fail(exc)
+    for message in graph.messages:
+        print(message, file=sys.stderr)
+    if args.format == "json":
+        _print_json(_apply_json(args, found, paths, shapes, diff, out, graph))
+    else:
+        print("\n".join(_apply_text(found) + [*diff.text, *out.text, *graph.text]))
+    return EXIT_OK
+
+
+def _apply_json(args: argparse.Namespace, found, paths: list[str], shapes: list, diff: _Part, out: _Part,
+                graph: _Part) -> dict:
+    return {"version": 1, "command": "apply", "model": args.model, "rules": paths, "exported": bool(args.export),
+            "inputs": [list(s) for s in shapes], **found.report.to_json(),
+            "max_abs_difference": _finite(found.max_abs_difference), "diff": diff.json, "saved": out.json,
+            "graph": graph.json}
+
+
+def _apply_text(found) -> list[str]:
+    text = [found.report.table()]
+    if found.max_abs_difference is not None:
+        text.append(f"outputs before and after on the example inputs: max |difference| = "
+                    f"{found.max_abs_difference:.3g}")
+    return text
+
+
+def _diff_part(args: argparse.Namespace, found) -> _Part:
+    """--diff: a unified diff of the generated code before and after."""
+    if not args.diff:
+        return _Part()
+    from fxrules.tools.codediff import unified_diff  # difflib's is quadratic on the code of large graphs
+
+    lines = list(unified_diff(found.code_before.splitlines(keepends=True),
+                              found.code_after.splitlines(keepends=True), "before", "after"))
+    text = "".join(lines)
+    return _Part(text, ("", text.rstrip("\n") if lines else "the code did not change"))
+
+
+def _out_part(args: argparse.Namespace, found, paths: list[str], shapes: list, bar) -> _Part:
+    """--out DIR: save the rewritten module, load it back, and compare it with the rewrite."""
+    if not args.out:
+        return _Part()
+    bar.note(f"saving to {args.out}")
+    from fxrules.api import compare_outputs, max_abs_difference
+    from fxrules.tools.saving import FILES, SaveError, load_saved, save_module
+
+    info = {"model": args.model, "rules": paths, "inputs": [list(s) for s in shapes], "exported": bool(args.export)}
+    try:
+        save_module(found.module, args.out, info=info)
+    except SaveError as exc:
+        raise _UsageError(f"cannot save the rewritten module: {exc}") from None
+    except OSError as exc:
+        raise _UsageError(f"cannot write --out {args.out}: {exc.strerror or exc}") from None
+    try:  # the promise is that it loads back and runs: check it here, once
+        loaded = load_saved(args.out)
+        difference = None
+        if found.example_inputs is not None:
+            difference = max_abs_difference(compare_outputs(found.outputs_after, _run(loaded, found.example_inputs)))
     except Exception as exc:
-        raise _UsageError(f"cannot import {module_name}: {type(exc).__name__}: {_first_line(exc)}") from None
-    target = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise _UsageError(f"{module_name} has no attribute {attr!r}")
-        target = getattr(target, part)
-
-    def is_module(value) -> bool:  # without importing torch: no nn.Module exists before torch is imported
-        torch = sys.modules.get("torch")
-        return torch is not None and isinstance(value, torch.nn.Module)
-
-    if is_module(target):
-        return target
-    if callable(target):
-        try:
-            model = target()
-        except Exception as exc:
-            raise _UsageError(f"{spec}() raised {type(exc).__name__}: {_first_line(exc)}") from None
-        if is_module(model):
-            return model
-        raise _UsageError(f"{spec}() returned {type(model).__name__}, not an nn.Module")
-    raise _UsageError(f"{spec} is neither an nn.Module nor a factory")
+        raise _UsageError(f"saved {args.out}, but it does not load back: {type(exc).__name__}: "
+                          f"{_first_line(exc)}") from None
+    line = f"saved the rewritten module to {args.out} ({', '.join(FILES)}); load it with " \
+           f"fxrules.load_saved({args.out!r})"
+    if difference is not None:
+        line += f"; reloaded: max |difference| = {difference:.3g}"
+    bar.advance()
+    return _Part({"dir": args.out, "files": list(FILES), "reload_max_abs_difference": _finite(difference)}, (line,))
 
 
-def _shape(text: str) -> tuple:
+def _graph_part(args: argparse.Namespace, found, model, bar) -> _Part:
+    """--graph FILE: draw the graph before and after, what the rules did marked."""
+    if not args.graph:
+        return _Part()
+    bar.note(f"drawing {args.graph}")
+    from fxrules.tools.drawing import DrawError, draw
+
+    report = found.report
+    title = f"{type(model).__name__} ({args.model}): {len(report.applied)} rewrites, nodes " \
+            f"{report.nodes_before} -> {report.nodes_after}"
     try:
-        dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d)
-    except ValueError:
-        raise _UsageError(f"--input takes a shape like 2x3x32x32, got {text!r}") from None
-    if not dims or any(d < 0 for d in dims):
-        raise _UsageError(f"--input takes a shape like 2x3x32x32, got {text!r}")
-    return dims
+        os.makedirs(os.path.dirname(os.path.abspath(args.graph)), exist_ok=True)
+        drawing = draw(args.graph, found.before, found.module, report, title=title)
+    except DrawError as exc:
+        raise _UsageError(str(exc)) from None
+    except OSError as exc:
+        raise _UsageError(f"cannot write --graph {args.graph}: {exc.strerror or exc}") from None
+    bar.advance()
+    shown = drawing.rendered or os.path.splitext(args.graph)[1].lower() == ".dot"
+    return _Part(drawing.to_json(), (f"drew the graph before and after to {drawing.path}",) if shown else (),
+                 (drawing.hint,) if drawing.hint else ())
 
 
-class _Failure(Exception):
-    """A problem found while running a command: its text (it may span lines) and exit code."""
+def _run(module, inputs: tuple):
+    import torch
 
-    def __init__(self, text: str, code: int):
-        super().__init__(text)
-        self.text, self.code = text, code
-
-
-def _cli_hint(message: str) -> str:
-    """Engine messages speak of the Python API; say what to pass on the command line instead."""
-    message = message.replace("pass example_inputs= to apply_rules, or a graph with meta['val'] (torch.export)",
-                              "pass --input SHAPE (and --export for a torch.export graph)")
-    message = message.replace("; pass a torch.fx.GraphModule or a torch.export.ExportedProgram, or concrete_args",
-                              "; try --export with --input")
-    return message.replace("pass example_inputs= to apply_rules", "pass --input SHAPE")
+    with torch.no_grad():
+        return module(*inputs)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _finite(value: Optional[float]):
+    """JSON has no inf/nan: such differences are written as the strings "inf" and "nan"."""
+    import math
+
+    return value if value is None or math.isfinite(value) else str(value)
+
+
+# ---------------------------------------------------------------------------
+# explain
+# ---------------------------------------------------------------------------
+
+
+def _explain(args: argparse.Namespace) -> int:
+    import fxrules
+    from fxrules.tools.progress import progress, should_show
+
+    try:
+        with progress(3, "fxrules explain", should_show(args.format)) as bar:
+            bar.note("loading rules")
+            _check_outputs(args)
+            shapes = [_shape(s) for s in args.input]
+            paths, rules = _load_rule_set(args)
+            if args.rule is not None and args.rule not in rules.names:
+                raise _UsageError(f"no rule named {args.rule!r} in {', '.join(args.paths)}; the rules are: "
+                                  f"{', '.join(rules.names) or 'none'}")
+            bar.advance(note="loading the model")
+            model = _load_model(args.model)
+            bar.advance(note="exporting" if args.export else "tracing")
+            with _api_errors():
+                captured = fxrules.capture(model, example_inputs=_example_inputs(shapes), export=args.export,
+                                           stack_traces=True)
+                bar.advance(note="matching")
+                misses = fxrules.explain(captured.subject, rules, rule=args.rule,
+                                         example_inputs=captured.engine_inputs)
+    except _UsageError as exc:
+        return _usage(exc)
+    except _Failure as exc:
+        return _fail(exc)
+    entries = [_near_miss(m) for m in misses]
+    if args.format == "json":
+        _print_json({"version": 1, "command": "explain", "model": args.model, "rules": paths, "rule": args.rule,
+                     "exported": bool(args.export), "inputs": [list(s) for s in shapes], "nodes": captured.nodes,
+                     "near_misses": entries})
+    else:
+        considered = len(rules) if args.rule is None else 1
+        print("\n".join(_explain_text(misses, entries) + [
+            f"fxrules explain: {len(misses)} near miss{'es' * (len(misses) != 1)} of "
+            f"{_count(considered, 'rule')} in {captured.nodes} nodes"]))
+    return EXIT_OK
+
+
+def _explain_text(misses, entries: list[dict]) -> list[str]:
+    text = []
+    for miss, entry in zip(misses, entries):
+        text.append(f"{miss.location}: rule `{miss.rule}` did not match at %{miss.node}: {miss.reason}")
+        if entry["frames"]:
+            text.append(f"  %{miss.node} comes from (innermost last):")
+        for frame in entry["frames"]:
+            text.append(f"    {frame['file']}:{frame['line']} in {frame['function']}")
+            if frame["code"]:
+                text.append(f"      {frame['code']}")
+        text.append("")
+    return text
+
+
+def _near_miss(miss) -> dict:
+    """One near miss as JSON: the rule's location split into file/line/column, the node's own frames."""
+    file, line, column = miss.location, None, None
+    head, sep, col = miss.location.rpartition(":")
+    if sep and col.isdigit():
+        head2, sep2, ln = head.rpartition(":")
+        if sep2 and ln.isdigit():
+            file, line, column = head2, int(ln), int(col)
+        else:
+            file, line = head, int(col)
+    stage = miss.stage
+    return {"rule": miss.rule, "location": miss.location, "file": file, "line": line, "column": column,
+            "node": miss.node, "reason": miss.reason, "code": str(miss.code), "stage": stage,
+            "depth": miss.depth if stage == "pattern" else None,
+            "stack_trace": miss.stack_trace, "frames": _user_frames(miss.stack_trace)}
+
+
+def _user_frames(stack_trace) -> list[dict]:
+    """The frames of a node's stack trace in the model's own code (torch's internals left out)."""
+    if not stack_trace:
+        return []
+    frames: list[dict] = []
+    for line in stack_trace.splitlines():
+        found = re.match(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?P<function>.*)$', line)
+        if found:
+            frames.append({"file": found["file"], "line": int(found["line"]), "function": found["function"].strip(),
+                           "code": ""})
+        elif frames and line.strip() and not frames[-1]["code"]:
+            frames[-1]["code"] = line.strip()
+    import torch
+
+    internal = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    own = [f for f in frames if not os.path.abspath(f["file"]).startswith(internal)]
+    return own or frames
+
+
+# ---------------------------------------------------------------------------
+# What apply and explain share: rules, the model, inputs, output paths, errors
+# ---------------------------------------------------------------------------
 
 
 def _rule_paths(paths: Sequence[str]) -> list[str]:
     """Each path as given, or the bundled rule family of that name when no such path exists."""
     import importlib
-    import os
 
     library = getattr(importlib.import_module("fxrules"), "LIBRARY", None)
     resolved = []
@@ -365,8 +593,9 @@ def _rule_paths(paths: Sequence[str]) -> list[str]:
 
 
 def _load_rule_set(args: argparse.Namespace):
+    """(the rule paths, families resolved; the RuleSet). Rule-file errors: compiler style, exit 2."""
     from fxrules.api import load_rules
-    from fxrules.lang.diagnostics import RuleFileError
+    from fxrules.errors import RuleFileError
 
     paths = _rule_paths(args.paths)
     try:
@@ -375,10 +604,64 @@ def _load_rule_set(args: argparse.Namespace):
         raise _Failure(exc.render(), EXIT_USAGE) from None
 
 
+def _load_model(spec: str):
+    """The model ``PKG.MODULE:ATTR`` names: an nn.Module, or what a factory of that name returns."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise _UsageError(f"--model must look like PKG.MODULE:FACTORY, got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)  # models are trusted code (see SECURITY.md)
+    except Exception as exc:
+        raise _UsageError(f"cannot import {module_name}: {type(exc).__name__}: {_first_line(exc)}") from None
+    target = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise _UsageError(f"{module_name} has no attribute {attr!r}")
+        target = getattr(target, part)
+    if _is_module(target):
+        return target
+    if not callable(target):
+        raise _UsageError(f"{spec} is neither an nn.Module nor a factory")
+    try:
+        model = target()
+    except Exception as exc:
+        raise _UsageError(f"{spec}() raised {type(exc).__name__}: {_first_line(exc)}") from None
+    if _is_module(model):
+        return model
+    raise _UsageError(f"{spec}() returned {type(model).__name__}, not an nn.Module")
+
+
+def _is_module(value) -> bool:
+    """Without importing torch: no nn.Module exists before torch is imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
+def _shape(text: str) -> tuple:
+    """``2x3x32x32`` (or ``2,3,32,32``) -> (2, 3, 32, 32)."""
+    try:
+        dims = tuple(int(d) for d in text.lower().replace(",", "x").split("x") if d)
+    except ValueError:
+        raise _UsageError(f"--input takes a shape like 2x3x32x32, got {text!r}") from None
+    if not dims or any(d < 0 for d in dims):
+        raise _UsageError(f"--input takes a shape like 2x3x32x32, got {text!r}")
+    return dims
+
+
+def _example_inputs(shapes: list) -> Optional[tuple]:
+    """One float32 tensor per shape, drawn from a generator seeded with 0 (the same every run); None for none."""
+    if not shapes:
+        return None
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(*shape, generator=generator) for shape in shapes)
+
+
 def _writable_directory(path: str, what: str) -> None:
     """Fail early (before any work) when ``path`` cannot become a writable directory."""
-    import os
-
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise _UsageError(f"{what} {path}: exists and is not a directory")
@@ -395,8 +678,7 @@ def _writable_directory(path: str, what: str) -> None:
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    import os
-
+    """Arguments are checked before any work: a bad --out does not cost a trace."""
     from fxrules.tools.drawing import SUFFIXES
 
     if args.export and not args.input:
@@ -411,346 +693,53 @@ def _check_outputs(args: argparse.Namespace) -> None:
         _writable_directory(os.path.dirname(os.path.abspath(args.graph)), "--graph")
 
 
-def _capture(model, shapes: list, export: bool, *, stack_traces: bool = False, before: bool = True):
-    """What to rewrite, the graph before any rewrite (a GraphModule) and the example inputs (or None).
-
-    What to rewrite is the ExportedProgram with --export (the engine unlifts its own copy, with
-    the same node names), else the traced GraphModule itself (the engine copies its graph). When
-    the graph before is not wanted (``before=False``, symbolic tracing), the model itself is
-    returned, with None: the engine traces it, and no GraphModule is built for nothing (on a
-    20,000-node graph that saves seconds).
-    """
-    import torch
-    from torch import fx
-
-    generator = torch.Generator().manual_seed(0)
-    inputs = tuple(torch.randn(*shape, generator=generator) for shape in shapes) or None
-    if export:
-        with _captured_output() as replay:
-            try:
-                program = torch.export.export(model, inputs)
-                module = program.module()
-            except Exception as exc:  # what torch logged on the way (pages of graph dumps) is dropped
-                raise _UsageError(f"torch.export failed: {type(exc).__name__}: {_first_line(exc)}") from None
-            replay.append(True)  # it worked: pass on whatever torch printed
-        return program, module, inputs
-    if not before:
-        return model, None, inputs
-    tracer = fx.Tracer()
-    tracer.record_stack_traces = stack_traces  # explain shows them; they slow tracing about 2x
-    try:
-        graph = tracer.trace(model)
-    except Exception as exc:
-        raise _UsageError(f"{type(model).__name__} does not trace with torch.fx ({type(exc).__name__}: "
-                          f"{_first_line(exc)}); try --export with --input") from None
-    module = fx.GraphModule(tracer.root, graph, class_name=type(model).__name__)
-    return module, module, inputs
-
-
 @contextlib.contextmanager
-def _captured_output():
-    """Hold back what is written to file descriptors 1 and 2 (torch's logging, C++ warnings included).
+def _api_errors() -> Iterator[None]:
+    """The API's errors as the command's, in its words: a model that cannot be captured or run is a
+    usage error (exit 2); a rule failing on the model, or breaking it, is a problem (exit 1)."""
+    from fxrules.errors import FxrulesError, ModelError
 
-    Yields a list: append to it to have the output written out at the end; otherwise it is dropped.
-    """
-    import os
-    import tempfile
-
-    replay: list = []
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = [(fd, os.dup(fd)) for fd in (1, 2)]
-    except (OSError, ValueError, AttributeError):
-        yield replay
-        return
-    files = {fd: tempfile.TemporaryFile() for fd, _ in saved}
-    try:
-        for fd, _ in saved:
-            os.dup2(files[fd].fileno(), fd)
-        yield replay
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        for fd, copy in saved:
-            os.dup2(copy, fd)
-            os.close(copy)
-        for fd, handle in files.items():
-            if replay:
-                handle.seek(0)
-                data = handle.read()
-                if data:
-                    os.write(fd, data)
-            handle.close()
-
-
-def _finite(value):
-    """JSON has no inf/nan: such differences are written as the strings "inf" and "nan"."""
-    import math
-
-    return value if value is None or math.isfinite(value) else str(value)
-
-
-def _code(module) -> str:
-    """The module's generated code without the blank and whitespace-only lines around it."""
-    return "\n".join(line.rstrip() for line in module.code.strip().splitlines()) + "\n"
-
-
-def _apply(args: argparse.Namespace) -> int:
-    from fxrules.tools.progress import progress, should_show
-
-    messages: list[str] = []
-    try:
-        with progress(4 + bool(args.out) + bool(args.graph), "fxrules apply", should_show(args.format)) as bar:
-            payload, text = _run_apply(args, bar, messages)
-    except _UsageError as exc:
-        print(f"fxrules: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except _Failure as exc:
-        print(exc.text, file=sys.stderr)
-        return exc.code
-    for message in messages:
-        print(message, file=sys.stderr)
-    if args.format == "json":
-        json.dump(payload, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        print("\n".join(text))
-    return EXIT_OK
-
-
-def _run_apply(args: argparse.Namespace, bar, messages: list[str]) -> tuple[dict, list[str]]:
-    import os
-
-    bar.note("loading rules")
-    _check_outputs(args)
-    shapes = [_shape(s) for s in args.input]
-    paths, rules = _load_rule_set(args)
-    bar.advance(note="loading the model")
-    model = _load_model(args.model)
-    bar.advance(note="exporting" if args.export else "tracing")
-    subject, before, inputs = _capture(model, shapes, args.export, before=bool(args.diff or args.graph))
-    import torch
-
-    from fxrules.api import apply_rules
-    from fxrules.lang.diagnostics import FxrulesError
-    from fxrules.engine.errors import ModelError
-
-    bar.advance(note="rewriting" if before is None else f"rewriting {len(before.graph.nodes)} nodes")
-    try:
-        result = apply_rules(subject, rules, example_inputs=None if args.export else inputs)
+        yield
     except ModelError as exc:
         raise _UsageError(_cli_hint(_first_line(exc))) from None
     except FxrulesError as exc:
         raise _Failure(f"fxrules: {_cli_hint(str(exc))}", EXIT_PROBLEMS) from None
-    difference = None
-    outputs = None
-    if inputs is not None:
-        bar.note("comparing outputs")
-        with torch.no_grad():
-            try:
-                reference = before(*inputs) if args.export else model(*inputs)
-            except Exception as exc:
-                raise _UsageError(f"the model does not run on the example inputs: {type(exc).__name__}: "
-                                  f"{_first_line(exc)}") from None
-            try:
-                outputs = result.module(*inputs)
-            except Exception as exc:  # the rules broke the model: a problem with the rules, exit 1
-                raise _Failure(f"fxrules: the rewritten module does not run on the example inputs (the original "
-                               f"does): {type(exc).__name__}: {_first_line(exc)}", EXIT_PROBLEMS) from None
-        difference = _max_difference(reference, outputs)
-    bar.advance()
-    report = result.report
-    text = [report.table()]
-    if difference is not None:
-        text.append(f"outputs before and after on the example inputs: max |difference| = {difference:.3g}")
-    payload = {"version": 1, "command": "apply", "model": args.model, "rules": paths, "exported": bool(args.export),
-               "inputs": [list(s) for s in shapes], **report.to_json(), "max_abs_difference": _finite(difference),
-               "diff": None, "saved": None, "graph": None}
-    if args.diff:
-        from fxrules.tools.codediff import unified_diff  # difflib's is quadratic on the code of large graphs
-
-        lines = list(unified_diff(_code(before).splitlines(keepends=True),
-                                  _code(result.module).splitlines(keepends=True), "before", "after"))
-        payload["diff"] = "".join(lines)
-        text.append("")
-        text.append("".join(lines).rstrip("\n") if lines else "the code did not change")
-    if args.out:
-        bar.note(f"saving to {args.out}")
-        payload["saved"] = _save(args, result.module, shapes, paths, inputs, outputs)
-        bar.advance()
-        saved = payload["saved"]
-        line = f"saved the rewritten module to {args.out} ({', '.join(saved['files'])}); load it with " \
-               f"fxrules.load_saved({args.out!r})"
-        if saved["reload_max_abs_difference"] is not None:
-            line += f"; reloaded: max |difference| = {float(saved['reload_max_abs_difference']):.3g}"
-        text.append(line)
-    if args.graph:
-        bar.note(f"drawing {args.graph}")
-        from fxrules.tools.drawing import DrawError, draw
-
-        title = f"{type(model).__name__} ({args.model}): {len(report.applied)} rewrites, nodes " \
-                f"{report.nodes_before} -> {report.nodes_after}"
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(args.graph)), exist_ok=True)
-            drawing = draw(args.graph, before, result.module, report, title=title)
-        except DrawError as exc:
-            raise _UsageError(str(exc)) from None
-        except OSError as exc:
-            raise _UsageError(f"cannot write --graph {args.graph}: {exc.strerror or exc}") from None
-        bar.advance()
-        payload["graph"] = drawing.to_json()
-        if drawing.hint:
-            messages.append(drawing.hint)
-        if drawing.rendered or os.path.splitext(args.graph)[1].lower() == ".dot":
-            text.append(f"drew the graph before and after to {drawing.path}")
-    return payload, text
 
 
-def _save(args: argparse.Namespace, module, shapes: list, paths: list[str], inputs, outputs) -> dict:
-    import torch
-
-    from fxrules.tools.saving import FILES, SaveError, load_saved, save_module
-
-    info = {"model": args.model, "rules": paths, "inputs": [list(s) for s in shapes], "exported": bool(args.export)}
-    try:
-        save_module(module, args.out, info=info)
-    except SaveError as exc:
-        raise _UsageError(f"cannot save the rewritten module: {exc}") from None
-    except OSError as exc:
-        raise _UsageError(f"cannot write --out {args.out}: {exc.strerror or exc}") from None
-    try:  # the promise is that it loads back and runs: check it here, once
-        loaded = load_saved(args.out)
-        difference = None
-        if inputs is not None:
-            with torch.no_grad():
-                difference = _max_difference(outputs, loaded(*inputs))
-    except Exception as exc:
-        raise _UsageError(f"saved {args.out}, but it does not load back: {type(exc).__name__}: "
-                          f"{_first_line(exc)}") from None
-    return {"dir": args.out, "files": list(FILES), "reload_max_abs_difference": _finite(difference)}
+def _cli_hint(message: str) -> str:
+    """API messages speak of the Python API; say what to pass on the command line instead."""
+    message = message.replace("pass example_inputs= to apply_rules, or a graph with meta['val'] (torch.export)",
+                              "pass --input SHAPE (and --export for a torch.export graph)")
+    message = message.replace("; pass a torch.fx.GraphModule or a torch.export.ExportedProgram, or concrete_args",
+                              "; try --export with --input")
+    message = message.replace("; try export=True with example_inputs", "; try --export with --input")
+    return message.replace("pass example_inputs= to apply_rules", "pass --input SHAPE")
 
 
-def _explain(args: argparse.Namespace) -> int:
-    from fxrules.tools.progress import progress, should_show
-
-    try:
-        with progress(3, "fxrules explain", should_show(args.format)) as bar:
-            payload, text = _run_explain(args, bar)
-    except _UsageError as exc:
-        print(f"fxrules: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except _Failure as exc:
-        print(exc.text, file=sys.stderr)
-        return exc.code
-    if args.format == "json":
-        json.dump(payload, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
-    else:
-        print("\n".join(text))
-    return EXIT_OK
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _run_explain(args: argparse.Namespace, bar) -> tuple[dict, list[str]]:
-    bar.note("loading rules")
-    _check_outputs(args)
-    shapes = [_shape(s) for s in args.input]
-    paths, rules = _load_rule_set(args)
-    if args.rule is not None and args.rule not in rules.names:
-        raise _UsageError(f"no rule named {args.rule!r} in {', '.join(args.paths)}; the rules are: "
-                          f"{', '.join(rules.names) or 'none'}")
-    bar.advance(note="loading the model")
-    model = _load_model(args.model)
-    bar.advance(note="exporting" if args.export else "tracing")
-    subject, before, inputs = _capture(model, shapes, args.export, stack_traces=True)
-    from fxrules.api import explain
-    from fxrules.lang.diagnostics import FxrulesError
-    from fxrules.engine.errors import ModelError
-
-    bar.advance(note="matching")
-    try:
-        misses = explain(subject, rules, rule=args.rule, example_inputs=None if args.export else inputs)
-    except ModelError as exc:
-        raise _UsageError(_cli_hint(_first_line(exc))) from None
-    except FxrulesError as exc:
-        raise _Failure(f"fxrules: {_cli_hint(str(exc))}", EXIT_PROBLEMS) from None
-    entries = [_near_miss(m) for m in misses]
-    considered = len(rules) if args.rule is None else 1
-    summary = (f"fxrules explain: {len(misses)} near miss{'es' * (len(misses) != 1)} of "
-               f"{considered} rule{'s' * (considered != 1)} in {len(before.graph.nodes)} nodes")
-    text = []
-    for miss, entry in zip(misses, entries):
-        text.append(f"{miss.location}: rule `{miss.rule}` did not match at %{miss.node}: {miss.reason}")
-        if entry["frames"]:
-            text.append(f"  %{miss.node} comes from (innermost last):")
-        for frame in entry["frames"]:
-            text.append(f"    {frame['file']}:{frame['line']} in {frame['function']}")
-            if frame["code"]:
-                text.append(f"      {frame['code']}")
-        text.append("")
-    text.append(summary)
-    payload = {"version": 1, "command": "explain", "model": args.model, "rules": paths, "rule": args.rule,
-               "exported": bool(args.export), "inputs": [list(s) for s in shapes], "nodes": len(before.graph.nodes),
-               "near_misses": entries}
-    return payload, text
+# ---------------------------------------------------------------------------
+# Output and the entry point
+# ---------------------------------------------------------------------------
 
 
-def _near_miss(miss) -> dict:
-    """One near miss as JSON: the rule's location split into file/line/column, the node's own frames."""
-    file, line, column = miss.location, None, None
-    head, sep, col = miss.location.rpartition(":")
-    if sep and col.isdigit():
-        head2, sep2, ln = head.rpartition(":")
-        if sep2 and ln.isdigit():
-            file, line, column = head2, int(ln), int(col)
-        else:
-            file, line = head, int(col)
-    stage = "refused" if miss.depth >= 1 << 21 else "condition" if miss.depth >= 1 << 20 else "pattern"
-    return {"rule": miss.rule, "location": miss.location, "file": file, "line": line, "column": column,
-            "node": miss.node, "reason": miss.reason, "code": str(miss.code), "stage": stage,
-            "depth": miss.depth if stage == "pattern" else None,
-            "stack_trace": miss.stack_trace, "frames": _user_frames(miss.stack_trace)}
+def _print_json(payload: dict) -> None:
+    json.dump(payload, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
 
 
-def _user_frames(stack_trace) -> list[dict]:
-    """The frames of a node's stack trace in the model's own code (torch's internals left out)."""
-    import os
-
-    if not stack_trace:
-        return []
-    frames: list[dict] = []
-    for line in stack_trace.splitlines():
-        found = re.match(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?P<function>.*)$', line)
-        if found:
-            frames.append({"file": found["file"], "line": int(found["line"]), "function": found["function"].strip(),
-                           "code": ""})
-        elif frames and line.strip() and not frames[-1]["code"]:
-            frames[-1]["code"] = line.strip()
-    import torch
-
-    internal = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    own = [f for f in frames if not os.path.abspath(f["file"]).startswith(internal)]
-    return own or frames
+def _usage(exc: _UsageError) -> int:
+    print(f"fxrules: error: {exc}", file=sys.stderr)
+    return EXIT_USAGE
 
 
-def _max_difference(a, b) -> float:
-    import torch
-
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        if a.shape != b.shape:
-            return float("inf")
-        return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return max((_max_difference(x, y) for x, y in zip(a, b)), default=0.0)
-    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        return max((_max_difference(a[k], b[k]) for k in a), default=0.0)
-    try:
-        return 0.0 if bool(a == b) else float("inf")
-    except Exception:  # values that do not compare to a bool (a tensor against a list, ...)
-        return float("inf")
+def _fail(exc: _Failure) -> int:
+    print(exc.text, file=sys.stderr)
+    return exc.code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
