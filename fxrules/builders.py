@@ -43,6 +43,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 
 
+from fxrules.engine import fxaccess
 from fxrules.engine.errors import BuilderError
 
 __all__ = ["BUILDERS", "BuilderError", "fold_conv_bn", "fold_conv_bn_tensors", "fold_linear_bn"]
@@ -145,7 +146,7 @@ def _copy(module: nn.Module) -> nn.Module:
     """
     memo: dict = {}
     for name in ("weight", "bias"):
-        tensor = module._parameters.get(name)
+        tensor = fxaccess.own_parameter(module, name)
         if tensor is not None:
             memo[id(tensor)] = tensor
     cls = type(module)

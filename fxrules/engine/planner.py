@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
+from fxrules.engine import fxaccess
 from fxrules.engine.matcher import Match
 from fxrules.engine.program import READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RValue
 
@@ -100,7 +101,7 @@ class Effects:
                 known = _UNKNOWN
             if known is _UNKNOWN:
                 known = _function_effect(target, node)
-                if not isinstance(target, torch._ops.HigherOrderOperator):  # these depend on the arguments
+                if not fxaccess.is_higher_order_operator(target):  # these depend on the arguments
                     try:
                         self._impure[target] = known
                     except TypeError:
@@ -137,11 +138,7 @@ def _module_attr(module: Any, name: str, default: Any, classes: Optional[dict] =
         return value
     if known is not _ABSENT:
         return known
-    for store in ("_parameters", "_buffers", "_modules"):
-        items = own.get(store)
-        if items and name in items:
-            return items[name]
-    return default
+    return fxaccess.registered_member(module, name, default)
 
 
 _NOT_PLAIN, _ABSENT = object(), object()
@@ -166,7 +163,7 @@ or ``out=``."""
 
 
 def _function_writes(target: Any) -> str:
-    if isinstance(target, torch._ops.OpOverload):
+    if fxaccess.is_op_overload(target):
         return _WRITES_SCHEMA
     try:
         if target in _INPLACE_OPERATORS:
@@ -182,7 +179,7 @@ def _function_writes(target: Any) -> str:
 def _mutated_by_function(node: fx.Node, kind: str) -> list:
     if kind == _WRITES_SCHEMA:
         written = []
-        for i, argument in enumerate(node.target._schema.arguments):
+        for i, argument in enumerate(fxaccess.op_schema(node.target).arguments):
             info = argument.alias_info
             if info is not None and info.is_write:
                 value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
