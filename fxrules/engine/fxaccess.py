@@ -70,7 +70,8 @@ def erased_public(node: fx.Node) -> bool:
 
 
 def erased(node: fx.Node) -> bool:
-    """Whether ``node`` was erased from its graph (an iterator or a queue may still hold it)."""
+    """Whether ``node`` was erased from its graph (an iterator or a queue may still hold it).
+    Called per queued node: the fast path is :func:`erased_fast` written out, without a second call."""
     return node._erased if FAST else erased_public(node)
 
 
@@ -85,7 +86,8 @@ def sort_key_public(node: fx.Node) -> Any:
 
 def sort_key(node: fx.Node) -> Any:
     """A value that orders the nodes of one graph by position, for a heap: the node's own cached
-    position key on the fast path (a tuple compares without a call into torch)."""
+    position key on the fast path (a tuple compares without a call into torch). Called per queued
+    node: the paths are :func:`sort_key_fast` and :func:`sort_key_public` written out."""
     return node._sort_key if FAST else node
 
 
@@ -157,7 +159,7 @@ def copy_graph_public(graph: fx.Graph) -> fx.Graph:
 
 def copy_graph(graph: fx.Graph) -> fx.Graph:
     """A copy of ``graph``, its nodes named as in ``graph``."""
-    return copy_graph_fast(graph) if FAST else copy.deepcopy(graph)
+    return copy_graph_fast(graph) if FAST else copy_graph_public(graph)
 
 
 def create_node_fast(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, base_names: dict) -> fx.Node:
@@ -198,9 +200,7 @@ def create_node_public(graph: fx.Graph, op: str, target: Any, args: tuple, kwarg
 
 def create_node(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, base_names: dict) -> fx.Node:
     """A new node at ``graph``'s insert point, named as ``graph.create_node`` names it."""
-    if FAST:
-        return create_node_fast(graph, op, target, args, kwargs, base_names)
-    return graph.create_node(op, target, args, kwargs)
+    return (create_node_fast if FAST else create_node_public)(graph, op, target, args, kwargs, base_names)
 
 
 class _QuietLookupTable:
@@ -248,7 +248,7 @@ def quiet_lookup_table_public(graph: fx.Graph) -> contextlib.AbstractContextMana
 def quiet_lookup_table(graph: fx.Graph) -> contextlib.AbstractContextManager:
     """A context in which to recompile ``graph`` (set it as a GraphModule's graph) faster; the graph
     is the same afterwards either way."""
-    return quiet_lookup_table_fast(graph) if FAST else contextlib.nullcontext()
+    return quiet_lookup_table_fast(graph) if FAST else quiet_lookup_table_public(graph)
 
 
 def release_owner_fast(graph: fx.Graph) -> None:
@@ -261,10 +261,7 @@ def release_owner_public(graph: fx.Graph) -> None:
 
 def release_owner(graph: fx.Graph) -> None:
     """Make ``graph`` owned by no module (a GraphModule built from it becomes its owner)."""
-    if FAST:
-        graph._owning_module = None
-    else:
-        graph.owning_module = None
+    (release_owner_fast if FAST else release_owner_public)(graph)
 
 
 # ---------------------------------------------------------------------------
@@ -324,7 +321,7 @@ def child_public(module: nn.Module, name: str) -> Optional[nn.Module]:
 
 def child(module: nn.Module, name: str) -> Optional[nn.Module]:
     """The submodule registered as ``name`` directly on ``module``, or None."""
-    return module._modules.get(name) if FAST else children_public(module).get(name)
+    return child_fast(module, name) if FAST else child_public(module, name)
 
 
 def own_parameters_fast(module: nn.Module) -> dict:
@@ -350,7 +347,7 @@ def own_parameter_public(module: nn.Module, name: str) -> Optional[nn.Parameter]
 
 def own_parameter(module: nn.Module, name: str) -> Optional[nn.Parameter]:
     """The parameter registered as ``name`` on ``module`` itself, or None."""
-    return module._parameters.get(name) if FAST else own_parameters_public(module).get(name)
+    return own_parameter_fast(module, name) if FAST else own_parameter_public(module, name)
 
 
 def own_buffers_fast(module: nn.Module) -> dict:
@@ -451,15 +448,23 @@ def registered_member(module: nn.Module, name: str, default: Any) -> Any:
 
 
 def holds_non_module_fast(module: nn.Module, name: str) -> bool:
-    return name in module.__dict__ or name in module._parameters or name in module._buffers
+    return name in module.__dict__ or name in module._parameters or name in module._buffers \
+        or (name in module._modules and module._modules[name] is None)
 
 
 def holds_non_module_public(module: nn.Module, name: str) -> bool:
-    return name in vars(module) or name in own_parameters_public(module) or name in own_buffers_public(module)
+    if name in vars(module):
+        return True
+    try:
+        value = nn.Module.__getattr__(module, name)
+    except AttributeError:
+        return False
+    return not isinstance(value, nn.Module)
 
 
 def holds_non_module(module: nn.Module, name: str) -> bool:
-    """Whether ``module`` itself has ``name`` as an instance attribute, parameter or buffer."""
+    """Whether ``module`` itself has ``name`` as an instance attribute, parameter or buffer, or
+    registered as None (a parameter, buffer or submodule slot: nothing says which publicly)."""
     return holds_non_module_fast(module, name) if FAST else holds_non_module_public(module, name)
 
 
@@ -474,10 +479,7 @@ def put_child_public(module: nn.Module, name: str, child: nn.Module) -> None:
 def put_child(module: nn.Module, name: str, child: nn.Module) -> None:
     """Register ``child`` as ``name`` on ``module``, a name the caller knows is free and valid (the
     fast path skips ``register_module``'s checks; the result is the same)."""
-    if FAST:
-        module._modules[name] = child
-    else:
-        module.register_module(name, child)
+    (put_child_fast if FAST else put_child_public)(module, name, child)
 
 
 def put_buffer_fast(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -490,10 +492,7 @@ def put_buffer_public(module: nn.Module, name: str, tensor: torch.Tensor) -> Non
 
 def put_buffer(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
     """Register ``tensor`` as a persistent buffer ``name`` on ``module`` (a free, valid name)."""
-    if FAST:
-        module._buffers[name] = tensor
-    else:
-        module.register_buffer(name, tensor)
+    (put_buffer_fast if FAST else put_buffer_public)(module, name, tensor)
 
 
 def put_parameter_fast(module: nn.Module, name: str, parameter: nn.Parameter) -> None:
@@ -506,10 +505,7 @@ def put_parameter_public(module: nn.Module, name: str, parameter: nn.Parameter) 
 
 def put_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> None:
     """Register ``parameter`` as ``name`` on ``module`` (a free, valid name)."""
-    if FAST:
-        module._parameters[name] = parameter
-    else:
-        module.register_parameter(name, parameter)
+    (put_parameter_fast if FAST else put_parameter_public)(module, name, parameter)
 
 
 # ---------------------------------------------------------------------------
