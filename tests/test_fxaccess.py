@@ -447,3 +447,21 @@ def test_the_verifier_on_public_paths(monkeypatch):
     fast, public = _both_paths(monkeypatch, run)
     assert fast == public
     assert all(ok and checked for _, _, checked, ok in fast)
+
+
+def test_fake_tensors_and_impurity():
+    mode = fxaccess.new_fake_mode()
+    with fxaccess.fake_copy_mode(mode):
+        fake = copy.deepcopy(nn.Linear(3, 2))
+    assert fxaccess.is_fake_tensor(fake.weight) and not fxaccess.is_fake_tensor(torch.ones(1))
+    assert tuple(fake.weight.shape) == (2, 3)
+    assert fxaccess.function_is_impure(torch.ops.aten._print.default, ("x",), {})
+    assert not fxaccess.function_is_impure(torch.ops.aten.add.Tensor, (), {})
+
+
+def test_graph_module_internals_are_what_a_graph_module_sets_up():
+    gm = traced(zoo.mlp)
+    own = {k for k in vars(gm) if not k.startswith("__")}
+    # shape_env belongs to the trace (a rewrite carries it over like any attribute of the input)
+    assert own - fxaccess.GRAPH_MODULE_INTERNALS <= {"shape_env"}, own - fxaccess.GRAPH_MODULE_INTERNALS
+    assert set(fxaccess.EXPORT_SPECS) <= fxaccess.GRAPH_MODULE_INTERNALS

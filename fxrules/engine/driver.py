@@ -92,8 +92,6 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
     """
     import copy
 
-    from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
-
     class _Run(fx.Interpreter):
         def __init__(self, copy_module, copy_value):
             super().__init__(nn.Module(), graph=work.graph)
@@ -122,10 +120,10 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
 
     real = False
     try:
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        mode = fxaccess.new_fake_mode()
 
         def fake_module(module: nn.Module) -> nn.Module:
-            with FakeCopyMode(mode):
+            with fxaccess.fake_copy_mode(mode):
                 return copy.deepcopy(module)
 
         def fake_value(value: Any) -> Any:

@@ -33,6 +33,10 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 from torch import fx, nn
+from torch._library.utils import is_impure as _torch_is_impure
+from torch._subclasses.fake_tensor import FakeCopyMode as _FakeCopyMode
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.fake_tensor import FakeTensorMode as _FakeTensorMode
 
 WRITTEN_FOR = ("2.13",)
 """The torch releases (major.minor) whose internals the fast paths were written and tested against."""
@@ -583,3 +587,43 @@ class Registered:
     parameters: Mapping[str, Any]
     buffers: Mapping[str, Any]
     non_persistent: frozenset
+
+
+def new_fake_mode() -> Any:
+    """A ``FakeTensorMode`` that also accepts real tensors as inputs (they are made fake on use)."""
+    return _FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_copy_mode(mode: Any) -> Any:
+    """A context in which ``copy.deepcopy`` gives fake copies (in ``mode``) of the tensors it copies."""
+    return _FakeCopyMode(mode)
+
+
+def is_fake_tensor(value: Any) -> bool:
+    """Whether ``value`` is a fake tensor (it has a ``fake_mode``)."""
+    return isinstance(value, _FakeTensor)
+
+
+def function_is_impure(target: Any, args: tuple, kwargs: dict) -> bool:
+    """torch's own answer to whether calling ``target`` on these arguments has a side effect
+    (random number generation does not count)."""
+    return _torch_is_impure(target, args=args, kwargs=kwargs, impure_random=False)
+
+
+IMPURE_MODULE_FLAG = "_is_impure"
+"""The attribute by which a module says that calling it has a side effect (``Node.is_impure`` reads it)."""
+
+EXPORT_SPECS = ("_in_spec", "_out_spec")
+"""The attributes in which a GraphModule from ``torch.export`` keeps its input and output pytree specs."""
+
+GRAPH_MODULE_INTERNALS = frozenset({
+    "training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_graph", "_code",
+    "_lineno_map", "_prologue_start", "_tracer_cls", "_tracer_extras", "meta", "_replace_hooks",
+    "_create_node_hooks", "_erase_node_hooks", "_deepcopy_hooks", "_backward_pre_hooks", "_backward_hooks",
+    "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl", "forward",
+    *EXPORT_SPECS,
+})
+"""The instance attributes a GraphModule sets up itself: what is not carried over from an input
+GraphModule to the one a rewrite builds (besides hooks, which are copied)."""

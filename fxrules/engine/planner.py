@@ -57,7 +57,7 @@ class Effects:
         if module is None:
             return (False, False)
         return (_module_attr(module, "inplace", False, self._classes) is True,
-                bool(_module_attr(module, "_is_impure", False, self._classes)))
+                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)))
 
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node)."""
@@ -203,9 +203,7 @@ def _function_effect(target: Any, node: fx.Node) -> Optional[str]:
     if target in _EFFECTFUL_FUNCTIONS:
         return f"calls {getattr(target, '__name__', target)}, which has a side effect"
     try:
-        from torch._library.utils import is_impure
-
-        if is_impure(target, args=node.args, kwargs=node.kwargs, impure_random=False):
+        if fxaccess.function_is_impure(target, node.args, node.kwargs):
             return "has a side effect"
     except Exception:
         pass

@@ -32,15 +32,6 @@ from fxrules.engine.program import RBuilder, RCall, RLiteral, RNewModule, RReuse
 from fxrules.engine.report import Applied
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr", "custom")
-_MODULE_INTERNALS = frozenset({
-    "training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_graph", "_code",
-    "_lineno_map", "_prologue_start", "_tracer_cls", "_tracer_extras", "meta", "_replace_hooks",
-    "_create_node_hooks", "_erase_node_hooks", "_deepcopy_hooks", "_backward_pre_hooks", "_backward_hooks",
-    "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl", "forward", "_in_spec",
-    "_out_spec",
-})
 
 
 def copy_graph(graph: fx.Graph) -> fx.Graph:
@@ -289,9 +280,9 @@ def _carry_state(donor: nn.Module, module: fx.GraphModule) -> None:
     for key, value in donor.__dict__.items():
         if "hooks" in key and isinstance(value, (dict, set)) and value:
             setattr(module, key, copy.copy(value))
-        elif key not in module.__dict__ and key not in _MODULE_INTERNALS and not key.startswith("__"):
+        elif key not in module.__dict__ and key not in fxaccess.GRAPH_MODULE_INTERNALS and not key.startswith("__"):
             module.__dict__[key] = value
-    for key in ("_in_spec", "_out_spec"):
+    for key in fxaccess.EXPORT_SPECS:
         if key in donor.__dict__:
             module.__dict__[key] = donor.__dict__[key]
 
@@ -594,8 +585,6 @@ def _place_like(module: nn.Module, reference: Optional[nn.Module], training: boo
 
 def _propagate_value(work: Workpiece, node: fx.Node) -> None:
     """Recompute meta['val'] of a new node from its inputs' values (fake or meta tensors)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     def val(n: fx.Node) -> Any:
         if "val" in n.meta:
             return n.meta["val"]
@@ -609,7 +598,7 @@ def _propagate_value(work: Workpiece, node: fx.Node) -> None:
         fake_mode = None
         for n in node.all_input_nodes:
             v = n.meta.get("val")
-            if isinstance(v, FakeTensor):
+            if fxaccess.is_fake_tensor(v):
                 fake_mode = v.fake_mode
                 break
         if node.op == "call_function":
@@ -632,9 +621,7 @@ def _propagate_value(work: Workpiece, node: fx.Node) -> None:
 
 
 def _to_fake(mode: Any, value: Any) -> Any:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+    if isinstance(value, torch.Tensor) and not fxaccess.is_fake_tensor(value):
         return mode.from_tensor(value)
     if isinstance(value, (list, tuple)):
         return type(value)(_to_fake(mode, v) for v in value)
