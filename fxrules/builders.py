@@ -65,9 +65,6 @@ _BN_DIMS: tuple[tuple[type, int], ...] = (
     (nn.BatchNorm3d, 3),
 )
 
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
-
 def _type_name(obj: object) -> str:
     return type(obj).__name__
 
@@ -93,7 +90,7 @@ def _check_plain(module: nn.Module, role: str) -> None:
             f"cannot fold: the {role} ({_type_name(module)}) has parametrizations "
             "(e.g. weight norm); remove them before folding"
         )
-    hooked = [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
+    hooked = fxaccess.hooked_kinds(module)
     if hooked:
         raise BuilderError(
             f"cannot fold: the {role} ({_type_name(module)}) has registered hooks "

@@ -465,3 +465,11 @@ def test_graph_module_internals_are_what_a_graph_module_sets_up():
     # shape_env belongs to the trace (a rewrite carries it over like any attribute of the input)
     assert own - fxaccess.GRAPH_MODULE_INTERNALS <= {"shape_env"}, own - fxaccess.GRAPH_MODULE_INTERNALS
     assert set(fxaccess.EXPORT_SPECS) <= fxaccess.GRAPH_MODULE_INTERNALS
+
+
+def test_hooked_kinds():
+    module = nn.Linear(2, 2)
+    assert fxaccess.hooked_kinds(module) == []
+    module.register_forward_pre_hook(lambda m, args: None)
+    module.register_full_backward_hook(lambda m, gi, go: None)
+    assert fxaccess.hooked_kinds(module) == ["forward_pre_hooks", "backward_hooks"]

@@ -610,6 +610,15 @@ def function_is_impure(target: Any, args: tuple, kwargs: dict) -> bool:
     return _torch_is_impure(target, args=args, kwargs=kwargs, impure_random=False)
 
 
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def hooked_kinds(module: nn.Module) -> list:
+    """The kinds of hook registered on ``module`` itself (``forward_hooks``, ``forward_pre_hooks``,
+    ``backward_hooks``, ``backward_pre_hooks``), in that order; empty when none is."""
+    return [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
+
+
 IMPURE_MODULE_FLAG = "_is_impure"
 """The attribute by which a module says that calling it has a side effect (``Node.is_impure`` reads it)."""
 
