@@ -43,6 +43,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
 
 
+from fxrules.engine import fxaccess
 from fxrules.engine.errors import BuilderError
 
 __all__ = ["BUILDERS", "BuilderError", "fold_conv_bn", "fold_conv_bn_tensors", "fold_linear_bn"]
@@ -63,9 +64,6 @@ _BN_DIMS: tuple[tuple[type, int], ...] = (
     (nn.BatchNorm2d, 2),
     (nn.BatchNorm3d, 3),
 )
-
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
 
 def _type_name(obj: object) -> str:
     return type(obj).__name__
@@ -92,7 +90,7 @@ def _check_plain(module: nn.Module, role: str) -> None:
             f"cannot fold: the {role} ({_type_name(module)}) has parametrizations "
             "(e.g. weight norm); remove them before folding"
         )
-    hooked = [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
+    hooked = fxaccess.hooked_kinds(module)
     if hooked:
         raise BuilderError(
             f"cannot fold: the {role} ({_type_name(module)}) has registered hooks "
@@ -145,7 +143,7 @@ def _copy(module: nn.Module) -> nn.Module:
     """
     memo: dict = {}
     for name in ("weight", "bias"):
-        tensor = module._parameters.get(name)
+        tensor = fxaccess.own_parameter(module, name)
         if tensor is not None:
             memo[id(tensor)] = tensor
     cls = type(module)

@@ -444,8 +444,9 @@ def test_the_recompile_leaves_the_lookup_table_as_it_was(monkeypatch):
     """The commit recompiles with a quiet view of the graph's find_nodes table (no remove/insert per
     ``_repr_fn`` set): the code is torch's own, the real table is back in place with every node
     under its key, and find_nodes answers as on the input."""
-    from fxrules.engine.transaction import _QuietLookupTable
+    from fxrules.engine import fxaccess
 
+    _QuietLookupTable = fxaccess._QuietLookupTable
     gm = fx.symbolic_trace(seeded(Net).eval())
     result = fxrules.apply_rules(gm, _rules())
     out = result.module
@@ -478,7 +479,7 @@ def test_the_recompile_leaves_the_lookup_table_as_it_was(monkeypatch):
 
 @pytest.mark.parametrize("build", [lambda: Net(), lambda: zoo.deep_cnn(2), lambda: zoo.transformer()])
 def test_modules_by_path_is_named_modules(build):
-    from fxrules.engine.transaction import _modules_by_path
+    from fxrules.engine.fxaccess import modules_by_path_fast as _modules_by_path
 
     model = seeded(build)
     model.shared = model.get_submodule(next(n for n, m in model.named_modules() if n and not m._modules))

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import fx, nn
 
+from fxrules.engine import fxaccess
 from fxrules.engine.conditions import Evaluator, MissingMetadata
 from fxrules.lang.diagnostics import FxrulesError
 from fxrules.engine.matcher import UNHASHABLE_INPUT, GraphView, Match, Miss, input_keys, match_program, may_match
@@ -68,7 +69,7 @@ _TRACE_LOCK = threading.Lock()
 
 def _trace(model: nn.Module, tracer: Optional[fx.Tracer], concrete_args: Optional[dict]) -> Workpiece:
     tracer = tracer if tracer is not None else fx.Tracer()
-    before = set(model.__dict__) | set(model._parameters) | set(model._buffers) | set(model._modules)
+    before = set(fxaccess.members(model))
     try:
         with _TRACE_LOCK:  # torch.fx patches nn.Module.__call__ globally while it traces
             graph = tracer.trace(model, concrete_args)
@@ -78,9 +79,8 @@ def _trace(model: nn.Module, tracer: Optional[fx.Tracer], concrete_args: Optiona
                          f"torch.export.ExportedProgram, or concrete_args") from exc
     # The tracer stores tensor constants on the traced module; keep them in the workpiece instead.
     extra = {}
-    for store in (model.__dict__, model._parameters, model._buffers, model._modules):
-        for key in [k for k in store if k not in before]:
-            extra[key] = store.pop(key)
+    for key in [k for k in fxaccess.members(model) if k not in before]:
+        extra[key] = fxaccess.take_member(model, key)
     return Workpiece(graph, model, class_name=type(model).__name__, extra_attrs=extra)
 
 
@@ -91,8 +91,6 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
     and attributes; the real fallback runs on copies, with the random number generators forked.
     """
     import copy
-
-    from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
 
     class _Run(fx.Interpreter):
         def __init__(self, copy_module, copy_value):
@@ -112,7 +110,7 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
             # _call_impl (hooks and forward), not __call__: while another thread traces, torch.fx
             # patches nn.Module.__call__
             module = self.modules_cache[target]
-            call = getattr(module, "_call_impl", None) or module.forward
+            call = fxaccess.hooks_call(module)
             return call(*args, **kwargs)
 
         def run_node(self, n: fx.Node) -> Any:
@@ -122,10 +120,10 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
 
     real = False
     try:
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        mode = fxaccess.new_fake_mode()
 
         def fake_module(module: nn.Module) -> nn.Module:
-            with FakeCopyMode(mode):
+            with fxaccess.fake_copy_mode(mode):
                 return copy.deepcopy(module)
 
         def fake_value(value: Any) -> Any:
@@ -252,7 +250,7 @@ class _Session:
                 key = (program.rule.index, node)
                 if key not in queued:
                     queued.add(key)
-                    heapq.heappush(heap, (program.rule.index, node._sort_key, next(counter), node, program))
+                    heapq.heappush(heap, (program.rule.index, fxaccess.sort_key(node), next(counter), node, program))
 
         for node, programs in self.compiled.scan(self.work.graph.nodes, module_of):
             push(node, programs)
@@ -262,7 +260,7 @@ class _Session:
         while heap:
             _, _, _, node, program = heapq.heappop(heap)
             queued.discard((program.rule.index, node))
-            if getattr(node, "_erased", False) or node.graph is None:
+            if node.graph is None or fxaccess.erased(node):
                 continue
             result = self.try_match(program, node)
             if isinstance(result, Miss):
@@ -302,7 +300,7 @@ class _Session:
     def _revisit(self, touched: Iterable[fx.Node]) -> set:
         """Touched nodes, their users up to the deepest pattern's depth, and siblings for multi-root rules."""
         found: set = set()
-        frontier = [n for n in touched if not getattr(n, "_erased", False)]
+        frontier = [n for n in touched if not fxaccess.erased(n)]
         found.update(frontier)
         if self.multi_root:
             for n in list(frontier):

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import fx
 
+from fxrules.engine import fxaccess
 from fxrules.engine.matcher import Match
 from fxrules.engine.program import READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RValue
 from fxrules.engine.refusals import Refusal, RefusalCode
@@ -61,7 +62,7 @@ class Effects:
         if module is None:
             return (False, False)
         return (_module_attr(module, "inplace", False, self._classes) is True,
-                bool(_module_attr(module, "_is_impure", False, self._classes)))
+                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)))
 
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node)."""
@@ -105,7 +106,7 @@ class Effects:
                 known = _UNKNOWN
             if known is _UNKNOWN:
                 known = _function_effect(target, node)
-                if not isinstance(target, torch._ops.HigherOrderOperator):  # these depend on the arguments
+                if not fxaccess.is_higher_order_operator(target):  # these depend on the arguments
                     try:
                         self._impure[target] = known
                     except TypeError:
@@ -142,11 +143,7 @@ def _module_attr(module: Any, name: str, default: Any, classes: Optional[dict] =
         return value
     if known is not _ABSENT:
         return known
-    for store in ("_parameters", "_buffers", "_modules"):
-        items = own.get(store)
-        if items and name in items:
-            return items[name]
-    return default
+    return fxaccess.registered_member(module, name, default)
 
 
 _NOT_PLAIN, _ABSENT = object(), object()
@@ -171,7 +168,7 @@ or ``out=``."""
 
 
 def _function_writes(target: Any) -> str:
-    if isinstance(target, torch._ops.OpOverload):
+    if fxaccess.is_op_overload(target):
         return _WRITES_SCHEMA
     try:
         if target in _INPLACE_OPERATORS:
@@ -187,7 +184,7 @@ def _function_writes(target: Any) -> str:
 def _mutated_by_function(node: fx.Node, kind: str) -> list:
     if kind == _WRITES_SCHEMA:
         written = []
-        for i, argument in enumerate(node.target._schema.arguments):
+        for i, argument in enumerate(fxaccess.op_schema(node.target).arguments):
             info = argument.alias_info
             if info is not None and info.is_write:
                 value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
@@ -211,9 +208,7 @@ def _function_effect(target: Any, node: fx.Node) -> Optional[str]:
     if target in _EFFECTFUL_FUNCTIONS:
         return f"calls {getattr(target, '__name__', target)}, which has a side effect"
     try:
-        from torch._library.utils import is_impure
-
-        if is_impure(target, args=node.args, kwargs=node.kwargs, impure_random=False):
+        if fxaccess.function_is_impure(target, node.args, node.kwargs):
             return "has a side effect"
     except Exception:
         pass

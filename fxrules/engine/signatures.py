@@ -41,12 +41,13 @@ def _usable(sig: inspect.Signature) -> bool:
 
 def for_function(target: Any) -> tuple[inspect.Signature, ...]:
     def compute() -> tuple[inspect.Signature, ...]:
-        import torch
         from torch.fx import operator_schemas
 
-        if isinstance(target, torch._ops.OpOverload):
+        from fxrules.engine import fxaccess
+
+        if fxaccess.is_op_overload(target):
             try:
-                return (operator_schemas._torchscript_schema_to_signature(target._schema),)
+                return (fxaccess.op_signature(target),)
             except Exception:
                 return ()
         try:

@@ -15,17 +15,16 @@ as ``torch.fx.symbolic_trace`` shares them with the traced model.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import fx, nn
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
+from fxrules.engine import fxaccess
 from fxrules.engine.errors import ModelError
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
@@ -34,105 +33,13 @@ from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr", "custom")
-_MODULE_INTERNALS = frozenset({
-    "training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_graph", "_code",
-    "_lineno_map", "_prologue_start", "_tracer_cls", "_tracer_extras", "meta", "_replace_hooks",
-    "_create_node_hooks", "_erase_node_hooks", "_deepcopy_hooks", "_backward_pre_hooks", "_backward_hooks",
-    "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl", "forward", "_in_spec",
-    "_out_spec",
-})
 
 
 def copy_graph(graph: fx.Graph) -> fx.Graph:
-    """A copy of ``graph``: the nodes ``copy.deepcopy(graph)`` makes, in a fraction of the time.
-
-    The same nodes in the same order, with the same names, ops, targets, types, arguments
-    (mapped to the new nodes) and shallow copies of ``meta``; a deep copy of the code
-    generator. The copy's name table is the original's (every name it ever handed out, and
-    its per-base counters), so a node created in the copy gets the name it would get in the
-    original: the rewrite names new nodes as an in-place edit would. ``Graph.node_copy``
-    instead re-derives each name through ``_Namespace.create_name`` (a regular expression
-    per node: half the time of a deepcopy at 20,000 nodes), scans every argument for raw
-    symbolic values and goes through ``Node.__setattr__`` for ``meta``. Falls back to
-    ``copy.deepcopy`` on a torch whose Graph lacks the internals used here.
-    """
-    new = fx.Graph(tracer_cls=graph._tracer_cls)
-    namespace, source = getattr(new, "_graph_namespace", None), getattr(graph, "_graph_namespace", None)
-    table = getattr(new, "_find_nodes_lookup_table", None)
-    if table is None or not isinstance(getattr(new, "_len", None), int) \
-            or not all(isinstance(getattr(ns, attr, None), kind) for ns in (namespace, source)
-                       for attr, kind in _NAMESPACE_STATE):
-        return copy.deepcopy(graph)
-    env: dict = {}
-    get = env.__getitem__
-    names = namespace._obj_to_name
-    # The graph's own methods without their Python wrappers where torch 2.x has the parts:
-    # ``Node.prepend`` calls ``_prepend``; the lookup table's ``insert`` files a node under
-    # ``(op, target if op == "call_function" else None)`` in a defaultdict.
-    insert = getattr(new._root, "_prepend", None) if new._insert == new._root.prepend else None
-    insert = insert or new._insert
-    store = getattr(table, "table", None)
-    filed = isinstance(store, collections.defaultdict) and store.default_factory is dict \
-        and _TABLE_METHODS is not None and (type(table).insert, type(table)._key) == _TABLE_METHODS
-    map_arg, make = fx.node.map_arg, fx.Node
-    for node in graph.nodes:  # the output node too: it keeps its name
-        args, kwargs = node.args, node.kwargs
-        copied = make(new, node.name, node.op, node.target, map_arg(args, get) if args else (),
-                      map_arg(kwargs, get) if kwargs else {}, node.type)
-        meta = node.meta
-        if type(meta) is dict and type(copied.meta) is dict and not copied.meta:
-            copied.meta.update(meta)
-        else:
-            copied.meta = copy.copy(meta)
-        names[copied] = node.name
-        insert(copied)
-        if filed:
-            op = node.op
-            store[(op, node.target if op == "call_function" else None)][copied] = None
-        else:
-            table.insert(copied)
-        env[node] = copied
-    new._len += len(env)
-    namespace._used_names.update(source._used_names)
-    namespace._base_count.update(source._base_count)
-    new._codegen = copy.deepcopy(graph._codegen)
-    return new
-
-
-_TABLE = getattr(torch.fx.graph, "_FindNodesLookupTable", None)
-_TABLE_METHODS = (_TABLE.insert, _TABLE._key) if hasattr(_TABLE, "insert") and hasattr(_TABLE, "_key") else None
-"""torch.fx's own lookup-table insert and key (``copy_graph`` inlines them only when a graph's table
-uses exactly these)."""
-
-_NAMESPACE_STATE = (("_obj_to_name", dict), ("_used_names", set), ("_base_count", dict))
-"""The parts of torch.fx's ``_Namespace`` that ``copy_graph`` carries over (torch 2.x)."""
-
-
-def _modules_by_path(root: nn.Module) -> dict:
-    """``dict(root.named_modules(remove_duplicate=False))`` (every path, shared modules under each),
-    walked without a generator per module: a third of the time on deep models."""
-    found: dict = {"": root}
-    stack = [("", root)]
-    while stack:
-        prefix, module = stack.pop()
-        for name, child in module._modules.items():
-            if child is None:
-                continue
-            path = f"{prefix}.{name}" if prefix else name
-            found[path] = child
-            if child._modules:
-                stack.append((path, child))
-    return found
-
-
-def _has_node_internals(graph: fx.Graph) -> bool:
-    """Whether ``graph`` has the torch.fx internals :meth:`Workpiece.new_node` uses (torch 2.x)."""
-    namespace = getattr(graph, "_graph_namespace", None)
-    return (hasattr(namespace, "create_name") and hasattr(namespace, "associate_name_with_obj")
-            and hasattr(graph, "_find_nodes_lookup_table") and isinstance(getattr(graph, "_len", None), int)
-            and hasattr(graph, "_insert") and hasattr(graph, "_target_to_str") and hasattr(graph, "_owning_module"))
+    """A copy of ``graph``: the nodes ``copy.deepcopy(graph)`` makes, named as in ``graph`` (so a node
+    created in the copy gets the name an in-place edit would give it); see
+    :func:`fxrules.engine.fxaccess.copy_graph_fast` for the fast path."""
+    return fxaccess.copy_graph(graph)
 
 
 class Workpiece:
@@ -157,45 +64,18 @@ class Workpiece:
         self._node_names: dict = {}  # (op, target) -> the base name torch gives such a node
         self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
         self.effects = Effects(self.module_of)
-        self._plain_graph = _has_node_internals(graph)
 
     # -- creating nodes ----------------------------------------------------------
     def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
-        """A node at the graph's insert point: what ``Graph.create_node`` makes, with the same name.
-
-        ``create_node`` also walks every argument with pytree to warn about raw symbolic
-        values (which a rewrite only ever passes on from nodes the graph already had) and
-        derives the base name from the target each time: together about half the cost of
-        a rewrite that makes one node. Graphs whose owner installed node-creation hooks go
-        through ``create_node`` so the hooks run.
-        """
-        graph = self.graph
-        owner = graph._owning_module if self._plain_graph else None
-        if not self._plain_graph or (owner is not None and getattr(owner, "_create_node_hooks", None)):
-            return graph.create_node(op, target, args, kwargs)
-        try:
-            key = (op, target)
-            base = self._node_names.get(key)
-        except TypeError:  # an unhashable target
-            key, base = None, None
-        if base is None:
-            base = graph._target_to_str(target)
-            if key is not None:
-                self._node_names[key] = base
-        namespace = graph._graph_namespace
-        name = namespace.create_name(base, None)
-        node = fx.Node(graph, name, op, target, args, kwargs)
-        namespace.associate_name_with_obj(name, node)
-        graph._insert(node)
-        graph._find_nodes_lookup_table.insert(node)
-        graph._len += 1
-        return node
+        """A node at the graph's insert point: what ``Graph.create_node`` makes, with the same name
+        (faster: :func:`fxrules.engine.fxaccess.create_node_fast`)."""
+        return fxaccess.create_node(self.graph, op, target, args, kwargs, self._node_names)
 
     # -- lookups ---------------------------------------------------------------
     @property
     def modules(self) -> dict:
         if self._modules is None:
-            self._modules = _modules_by_path(self.root)
+            self._modules = fxaccess.modules_by_path(self.root)
         return self._modules
 
     def module_of(self, target: str) -> Any:
@@ -294,10 +174,10 @@ class Workpiece:
         """
         graph = self.graph
         for node in self.changed:
-            if node._erased or node.graph is not graph:
+            if node.graph is not graph or fxaccess.erased(node):
                 continue
             for used in node.all_input_nodes:
-                if used._erased or used.graph is not graph:
+                if used.graph is not graph or fxaccess.erased(used):
                     raise ModelError(f"node %{node.name} uses %{used.name}, which is not in the graph")
                 if not used < node:
                     raise ModelError(f"node %{node.name} uses %{used.name} before it is computed")
@@ -306,7 +186,7 @@ class Workpiece:
         """Check what changed and build the one new GraphModule (the single recompile of the run)."""
         # The graph may still name its source module as owner (graphs from torch.export do), which
         # lacks the modules this run created; the new GraphModule below becomes its owner.
-        self.graph._owning_module = None
+        fxaccess.release_owner(self.graph)
         self.check_changed()
         root: dict = {}
         for node in self.graph.nodes:
@@ -337,9 +217,7 @@ def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[
     ``graph``: that is the one recompile.
     """
     originals = originals if originals is not None else {}
-    empty = fx.Graph(tracer_cls=graph._tracer_cls)
-    empty._tracer_extras = graph._tracer_extras
-    module = fx.GraphModule({}, empty, class_name=class_name)
+    module = fx.GraphModule({}, fxaccess.empty_graph_like(graph), class_name=class_name)
     made_at: dict = {"": module}  # path -> container created here (the only modules this may write to)
     class_has: dict = {}  # (class, name) -> whether the class has that attribute
     for target in sorted(root, key=lambda t: t.count(".")):  # containers before what is inside them
@@ -366,12 +244,12 @@ def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[
             else:
                 setattr(parent, field, value)
         elif isinstance(value, nn.Module):
-            parent._modules[field] = value
+            fxaccess.put_child(parent, field, value)
         elif plain_tensor:  # a plain tensor attribute becomes a buffer, as GraphModule makes it
-            parent._buffers[field] = value
+            fxaccess.put_buffer(parent, field, value)
         else:
-            parent._parameters[field] = value
-    with _quiet_lookup_table(graph):
+            fxaccess.put_parameter(parent, field, value)
+    with fxaccess.quiet_lookup_table(graph):
         module.graph = graph  # the one recompile
     return module
 
@@ -383,58 +261,18 @@ def _container(module: nn.Module, path: str, made_at: dict, originals: dict, tar
     walked = ""
     for item in path.split("."):
         walked = f"{walked}.{item}" if walked else item
-        child = parent._modules.get(item)
+        child = fxaccess.child(parent, item)
         if child is None:
-            if item in parent.__dict__ or item in parent._parameters or item in parent._buffers:
+            if fxaccess.holds_non_module(parent, item):
                 raise ModelError(f"cannot place `{target}`: `{item}` on its path is not a module")
             child = nn.Module()
             original = originals.get(walked)
             if original is not None:
                 child.training = original.training
-            parent._modules[item] = child
+            fxaccess.put_child(parent, item, child)
             made_at[walked] = child
         parent = child
     return parent
-
-
-class _QuietLookupTable:
-    """Stands in for a graph's ``_find_nodes_lookup_table`` while the graph is recompiled.
-
-    ``Graph.python_code`` sets ``_repr_fn`` on every node twice (to name nodes in the
-    generated code, then back), and each ``Node.__setattr__`` asks the lookup table whether
-    it holds the node and, if it does, takes the node out and puts it back in: an eighth to a
-    fifth of the recompile (measured at 5,000 and 20,000 nodes), for an attribute that is not
-    part of the table's key. This view shares the real table's storage, so ``find_nodes``,
-    ``insert`` and ``remove`` act on the real table; only membership answers no, which makes
-    ``__setattr__`` skip the remove/insert. Code generation changes no node's op or target
-    (the key), so the table is exactly as it was afterwards.
-    """
-
-    __slots__ = ("_real",)
-
-    def __init__(self, real: Any):
-        self._real = real
-
-    def __contains__(self, node: Any) -> bool:
-        return False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-@contextlib.contextmanager
-def _quiet_lookup_table(graph: fx.Graph) -> Iterator[None]:
-    """Recompile ``graph`` with :class:`_QuietLookupTable` in place of its lookup table (torch 2.x
-    internals; a graph without the table is left as it is)."""
-    real = graph.__dict__.get("_find_nodes_lookup_table")
-    if real is None or not hasattr(real, "find_nodes"):
-        yield
-        return
-    graph._find_nodes_lookup_table = _QuietLookupTable(real)
-    try:
-        yield
-    finally:
-        graph._find_nodes_lookup_table = real
 
 
 def _carry_state(donor: nn.Module, module: fx.GraphModule) -> None:
@@ -443,9 +281,9 @@ def _carry_state(donor: nn.Module, module: fx.GraphModule) -> None:
     for key, value in donor.__dict__.items():
         if "hooks" in key and isinstance(value, (dict, set)) and value:
             setattr(module, key, copy.copy(value))
-        elif key not in module.__dict__ and key not in _MODULE_INTERNALS and not key.startswith("__"):
+        elif key not in module.__dict__ and key not in fxaccess.GRAPH_MODULE_INTERNALS and not key.startswith("__"):
             module.__dict__[key] = value
-    for key in ("_in_spec", "_out_spec"):
+    for key in fxaccess.EXPORT_SPECS:
         if key in donor.__dict__:
             module.__dict__[key] = donor.__dict__[key]
 
@@ -662,7 +500,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     touched.update(erased_inputs)
     work.changed.update(touched)
     for node in list(touched):
-        if node.graph is None or getattr(node, "_erased", False):
+        if node.graph is None or fxaccess.erased(node):
             touched.discard(node)
     rule = match.rule
     replaced_by = tuple(v.name if isinstance(v, fx.Node) else repr(v) for v in new_values)
@@ -680,7 +518,7 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
     seen: set = set()
     while stack:
         node = stack.pop()
-        if node in seen or getattr(node, "_erased", False):
+        if node in seen or fxaccess.erased(node):
             continue
         if node.users:
             survivors.add(node)
@@ -696,7 +534,7 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
             else:
                 survivors.add(inp)
     # revisit what lost users: patterns rooted there may match now
-    return {n for n in survivors if not getattr(n, "_erased", False)}
+    return {n for n in survivors if not fxaccess.erased(n)}
 
 
 _SAME_KIND = {immutable_list: list, immutable_dict: dict}
@@ -730,9 +568,9 @@ def _identical(a: Any, b: Any) -> bool:
 def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:
     """New modules live on the device and dtype of the module they replace, in its training mode."""
     if reference is not None:
-        tensor = next((t for t in _tensors(reference) if t.is_floating_point()), None)
+        tensor = next((t for t in fxaccess.tensors(reference) if t.is_floating_point()), None)
         if tensor is not None:
-            own = _tensors(module)
+            own = fxaccess.tensors(module)
             has_float = any(t.is_floating_point() for t in own)
             # Module.to moves every tensor to the device and casts floating and complex ones to the
             # dtype; skip it when nothing would change (it walks the whole module).
@@ -747,22 +585,8 @@ def _place_like(module: nn.Module, reference: Optional[nn.Module], training: boo
     return module
 
 
-def _tensors(module: nn.Module) -> list:
-    """The parameters, then the buffers, of ``module`` and its submodules. For a module without
-    submodules (a fold's conv, say) they are read from its own dictionaries, without the
-    generators ``parameters()``/``buffers()`` walk through (a third of a conv+bn rewrite's own
-    time); a tensor registered under two names is then listed twice."""
-    if module._modules:
-        return list(module.parameters()) + list(module.buffers())
-    found = [t for t in module._parameters.values() if t is not None]
-    found.extend(t for t in module._buffers.values() if t is not None)
-    return found
-
-
 def _propagate_value(work: Workpiece, node: fx.Node) -> None:
     """Recompute meta['val'] of a new node from its inputs' values (fake or meta tensors)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     def val(n: fx.Node) -> Any:
         if "val" in n.meta:
             return n.meta["val"]
@@ -776,7 +600,7 @@ def _propagate_value(work: Workpiece, node: fx.Node) -> None:
         fake_mode = None
         for n in node.all_input_nodes:
             v = n.meta.get("val")
-            if isinstance(v, FakeTensor):
+            if fxaccess.is_fake_tensor(v):
                 fake_mode = v.fake_mode
                 break
         if node.op == "call_function":
@@ -799,9 +623,7 @@ def _propagate_value(work: Workpiece, node: fx.Node) -> None:
 
 
 def _to_fake(mode: Any, value: Any) -> Any:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+    if isinstance(value, torch.Tensor) and not fxaccess.is_fake_tensor(value):
         return mode.from_tensor(value)
     if isinstance(value, (list, tuple)):
         return type(value)(_to_fake(mode, v) for v in value)

@@ -83,6 +83,8 @@ def save_module(module: Any, directory: Union[str, "os.PathLike[str]"], *, info:
     import torch
     from torch import fx
 
+    from fxrules.engine import fxaccess
+
     if not isinstance(module, fx.GraphModule):
         raise SaveError(f"can only save a torch.fx.GraphModule, not {type(module).__name__}")
     with warnings.catch_warnings():  # copying torch.export's pytree specs warns about a deprecated isinstance
@@ -93,14 +95,15 @@ def save_module(module: Any, directory: Union[str, "os.PathLike[str]"], *, info:
     source = _module_source(code.src, code.globals, type(module).__name__)
 
     state: dict = {"children": {}, "parameters": {}, "buffers": {}, "persistent": [], "attributes": {}}
+    registered = fxaccess.registered_values(module)
     for name in _root_names(graph, code.src):
-        if name in module._modules:
-            state["children"][name] = module._modules[name]
-        elif name in module._parameters:
-            state["parameters"][name] = module._parameters[name]
-        elif name in module._buffers:
-            state["buffers"][name] = module._buffers[name]
-            if name not in module._non_persistent_buffers_set:
+        if name in registered.children:
+            state["children"][name] = registered.children[name]
+        elif name in registered.parameters:
+            state["parameters"][name] = registered.parameters[name]
+        elif name in registered.buffers:
+            state["buffers"][name] = registered.buffers[name]
+            if name not in registered.non_persistent:
                 state["persistent"].append(name)
         elif name in module.__dict__:
             state["attributes"][name] = module.__dict__[name]

@@ -26,6 +26,7 @@ from hypothesis import reject
 from hypothesis import strategies as st
 from torch import fx, nn
 
+from fxrules.engine import fxaccess
 from fxrules.engine.program import PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, PRef, PSeq, PWildcard
 from fxrules.verifier.samplers import Catalogue, OpSampler, Param, describe_target
 
@@ -317,7 +318,7 @@ class HostGraphWriter:
         for name, attr in free_attrs:  # `Conv2d{kernel_size=$k}` binds what was drawn
             if isinstance(attr, PCapture) and attr.name not in self.captures:
                 self.captures[attr.name] = getattr(module, name, None)
-        target = f"m{len(self.root._modules)}"  # one submodule per module call
+        target = f"m{len(fxaccess.children(self.root))}"  # one submodule per module call
         self.root.add_module(target, module)
         self.lines.append(f"module {target}: {module!r}" + (" (training)" if module.training else " (eval)"))
         node = self.graph.call_module(target, (x,))

@@ -46,6 +46,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from fxrules.engine import fxaccess
+
 KINDS = frozenset({
     "tensor", "tensor_like", "number", "dim", "dim_or_none", "dims", "perm", "shape", "prob", "bool", "positive",
     "matmul_rhs", "tensor_list", "gelu_approx",
@@ -452,7 +454,7 @@ def describe_target(op: str, target: Any) -> str:
         return f"Tensor.{target}"
     if isinstance(target, type):
         return f"{target.__module__}.{target.__qualname__}"
-    if isinstance(target, torch._ops.OpOverload):
+    if fxaccess.is_op_overload(target):
         return f"aten.{target.__name__}" if not str(target).startswith("aten.") else str(target)
     module = getattr(target, "__module__", None) or ""
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))

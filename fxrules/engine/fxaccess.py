@@ -1,0 +1,638 @@
+"""Every use fxrules makes of torch's private members, in one place, each beside its public equivalent.
+
+The engine, the verifier and the tools reach into torch.fx and nn.Module internals for speed:
+copying a graph without re-deriving every name, creating a node without ``create_node``'s
+argument walk, reading a module's own dictionaries instead of walking generators. Each such
+access is a pair of functions here:
+
+- ``<name>_fast``: the private way, written and tested for the torch versions in
+  :data:`WRITTEN_FOR`;
+- ``<name>_public``: the same answer through torch's public API (slower, sometimes much);
+- ``<name>``: the one the rest of fxrules calls, which takes the fast path when :data:`FAST`
+  is true and the public path otherwise.
+
+:data:`FAST` is the single switch point: decided once, at import, from ``torch.__version__``.
+A torch release this module was not written for may have changed the internals, so it gets the
+public paths: slower, but correct. Tests call both paths of every pair on real graphs and
+modules and check they agree, and run the engine with :data:`FAST` set false.
+
+A few private members have no public equivalent at all (the operator classes of ``torch._ops``,
+an operator's schema, a graph's tracer class, a module's non-persistent buffer names, the hook
+call that bypasses a patched ``nn.Module.__call__``). Those are the last section: one function
+each, the same on every version, so that a torch change is fixed here only.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import torch
+from torch import fx, nn
+from torch._library.utils import is_impure as _torch_is_impure
+from torch._subclasses.fake_tensor import FakeCopyMode as _FakeCopyMode
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.fake_tensor import FakeTensorMode as _FakeTensorMode
+
+WRITTEN_FOR = ("2.13",)
+"""The torch releases (major.minor) whose internals the fast paths were written and tested against."""
+
+
+def fast_paths_apply(version: str) -> bool:
+    """Whether the fast paths may be used with torch ``version`` (``torch.__version__``, such as
+    ``2.13.0+cpu``): its major.minor release is one of :data:`WRITTEN_FOR`."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return match is not None and f"{match.group(1)}.{match.group(2)}" in WRITTEN_FOR
+
+
+FAST: bool = fast_paths_apply(torch.__version__)
+"""The switch point: true takes every fast path below, false every public one. Set once, here, at
+import; tests set it false to run the engine on the public paths."""
+
+
+# ---------------------------------------------------------------------------
+# Nodes
+# ---------------------------------------------------------------------------
+
+
+def erased_fast(node: fx.Node) -> bool:
+    return node._erased
+
+
+def erased_public(node: fx.Node) -> bool:
+    """Not among the nodes ``graph.find_nodes`` reports: erasing a node takes it out of the lookup
+    table behind ``find_nodes`` (a scan of every node of that op for ops other than call_function)."""
+    graph = node.graph
+    if graph is None:
+        return True
+    target = node.target if node.op == "call_function" else None
+    return node not in graph.find_nodes(op=node.op, target=target)
+
+
+def erased(node: fx.Node) -> bool:
+    """Whether ``node`` was erased from its graph (an iterator or a queue may still hold it).
+    Called per queued node: the fast path is :func:`erased_fast` written out, without a second call."""
+    return node._erased if FAST else erased_public(node)
+
+
+def sort_key_fast(node: fx.Node) -> Any:
+    return node._sort_key
+
+
+def sort_key_public(node: fx.Node) -> Any:
+    """The node itself: nodes of one graph compare by position (``a < b``)."""
+    return node
+
+
+def sort_key(node: fx.Node) -> Any:
+    """A value that orders the nodes of one graph by position, for a heap: the node's own cached
+    position key on the fast path (a tuple compares without a call into torch). Called per queued
+    node: the paths are :func:`sort_key_fast` and :func:`sort_key_public` written out."""
+    return node._sort_key if FAST else node
+
+
+# ---------------------------------------------------------------------------
+# Graphs
+# ---------------------------------------------------------------------------
+
+
+def copy_graph_fast(graph: fx.Graph) -> fx.Graph:
+    """The nodes ``copy.deepcopy(graph)`` makes, in a fraction of the time.
+
+    The same nodes in the same order, with the same names, ops, targets, types, arguments
+    (mapped to the new nodes) and shallow copies of ``meta``; a deep copy of the code
+    generator. The copy's name table is the original's (every name it ever handed out, and
+    its per-base counters), so a node created in the copy gets the name it would get in the
+    original: the rewrite names new nodes as an in-place edit would. ``Graph.node_copy``
+    instead re-derives each name through ``_Namespace.create_name`` (a regular expression
+    per node: half the time of a deepcopy at 20,000 nodes), scans every argument for raw
+    symbolic values and goes through ``Node.__setattr__`` for ``meta``.
+    """
+    new = fx.Graph(tracer_cls=graph._tracer_cls)
+    namespace, source = new._graph_namespace, graph._graph_namespace
+    table = new._find_nodes_lookup_table
+    env: dict = {}
+    get = env.__getitem__
+    names = namespace._obj_to_name
+    # The graph's own methods without their Python wrappers: ``Node.prepend`` calls ``_prepend``;
+    # the lookup table's ``insert`` files a node under ``(op, target if op == "call_function"
+    # else None)`` in a defaultdict.
+    insert = getattr(new._root, "_prepend", None) if new._insert == new._root.prepend else None
+    insert = insert or new._insert
+    store = getattr(table, "table", None)
+    filed = isinstance(store, collections.defaultdict) and store.default_factory is dict \
+        and (type(table).insert, type(table)._key) == _TABLE_METHODS
+    map_arg, make = fx.node.map_arg, fx.Node
+    for node in graph.nodes:  # the output node too: it keeps its name
+        args, kwargs = node.args, node.kwargs
+        copied = make(new, node.name, node.op, node.target, map_arg(args, get) if args else (),
+                      map_arg(kwargs, get) if kwargs else {}, node.type)
+        meta = node.meta
+        if type(meta) is dict and type(copied.meta) is dict and not copied.meta:
+            copied.meta.update(meta)
+        else:
+            copied.meta = copy.copy(meta)
+        names[copied] = node.name
+        insert(copied)
+        if filed:
+            op = node.op
+            store[(op, node.target if op == "call_function" else None)][copied] = None
+        else:
+            table.insert(copied)
+        env[node] = copied
+    new._len += len(env)
+    namespace._used_names.update(source._used_names)
+    namespace._base_count.update(source._base_count)
+    new._codegen = copy.deepcopy(graph._codegen)
+    return new
+
+
+_TABLE = torch.fx.graph._FindNodesLookupTable if FAST else None
+_TABLE_METHODS = (_TABLE.insert, _TABLE._key) if FAST else None
+"""torch.fx's own lookup-table insert and key (``copy_graph_fast`` inlines them only when a graph's
+table uses exactly these)."""
+
+
+def copy_graph_public(graph: fx.Graph) -> fx.Graph:
+    return copy.deepcopy(graph)
+
+
+def copy_graph(graph: fx.Graph) -> fx.Graph:
+    """A copy of ``graph``, its nodes named as in ``graph``."""
+    return copy_graph_fast(graph) if FAST else copy_graph_public(graph)
+
+
+def create_node_fast(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, base_names: dict) -> fx.Node:
+    """What ``graph.create_node`` makes, with the same name, without its argument walk.
+
+    ``create_node`` also walks every argument with pytree to warn about raw symbolic values
+    (which a rewrite only ever passes on from nodes the graph already had) and derives the
+    base name from the target each time: together about half the cost of a rewrite that makes
+    one node. ``base_names`` remembers the base name per ``(op, target)`` across calls. Graphs
+    whose owner installed node-creation hooks go through ``create_node`` so the hooks run.
+    """
+    owner = graph._owning_module
+    if owner is not None and getattr(owner, "_create_node_hooks", None):
+        return graph.create_node(op, target, args, kwargs)
+    try:
+        key = (op, target)
+        base = base_names.get(key)
+    except TypeError:  # an unhashable target
+        key, base = None, None
+    if base is None:
+        base = graph._target_to_str(target)
+        if key is not None:
+            base_names[key] = base
+    namespace = graph._graph_namespace
+    name = namespace.create_name(base, None)
+    node = fx.Node(graph, name, op, target, args, kwargs)
+    namespace.associate_name_with_obj(name, node)
+    graph._insert(node)
+    graph._find_nodes_lookup_table.insert(node)
+    graph._len += 1
+    return node
+
+
+def create_node_public(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict,
+                       base_names: dict) -> fx.Node:
+    return graph.create_node(op, target, args, kwargs)
+
+
+def create_node(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, base_names: dict) -> fx.Node:
+    """A new node at ``graph``'s insert point, named as ``graph.create_node`` names it."""
+    return (create_node_fast if FAST else create_node_public)(graph, op, target, args, kwargs, base_names)
+
+
+class _QuietLookupTable:
+    """Stands in for a graph's ``_find_nodes_lookup_table`` while the graph is recompiled.
+
+    ``Graph.python_code`` sets ``_repr_fn`` on every node twice (to name nodes in the
+    generated code, then back), and each ``Node.__setattr__`` asks the lookup table whether
+    it holds the node and, if it does, takes the node out and puts it back in: an eighth to a
+    fifth of the recompile (measured at 5,000 and 20,000 nodes), for an attribute that is not
+    part of the table's key. This view shares the real table's storage, so ``find_nodes``,
+    ``insert`` and ``remove`` act on the real table; only membership answers no, which makes
+    ``__setattr__`` skip the remove/insert. Code generation changes no node's op or target
+    (the key), so the table is exactly as it was afterwards.
+    """
+
+    __slots__ = ("_real",)
+
+    def __init__(self, real: Any):
+        self._real = real
+
+    def __contains__(self, node: Any) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+@contextlib.contextmanager
+def quiet_lookup_table_fast(graph: fx.Graph) -> Iterator[None]:
+    real = graph.__dict__.get("_find_nodes_lookup_table")
+    if real is None:
+        yield
+        return
+    graph._find_nodes_lookup_table = _QuietLookupTable(real)
+    try:
+        yield
+    finally:
+        graph._find_nodes_lookup_table = real
+
+
+def quiet_lookup_table_public(graph: fx.Graph) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def quiet_lookup_table(graph: fx.Graph) -> contextlib.AbstractContextManager:
+    """A context in which to recompile ``graph`` (set it as a GraphModule's graph) faster; the graph
+    is the same afterwards either way."""
+    return quiet_lookup_table_fast(graph) if FAST else quiet_lookup_table_public(graph)
+
+
+def release_owner_fast(graph: fx.Graph) -> None:
+    graph._owning_module = None
+
+
+def release_owner_public(graph: fx.Graph) -> None:
+    graph.owning_module = None
+
+
+def release_owner(graph: fx.Graph) -> None:
+    """Make ``graph`` owned by no module (a GraphModule built from it becomes its owner)."""
+    (release_owner_fast if FAST else release_owner_public)(graph)
+
+
+# ---------------------------------------------------------------------------
+# Modules
+# ---------------------------------------------------------------------------
+
+
+def modules_by_path_fast(root: nn.Module) -> dict:
+    """Walked without a generator per module: a third of the time on deep models."""
+    found: dict = {"": root}
+    stack = [("", root)]
+    while stack:
+        prefix, module = stack.pop()
+        for name, child in module._modules.items():
+            if child is None:
+                continue
+            path = f"{prefix}.{name}" if prefix else name
+            found[path] = child
+            if child._modules:
+                stack.append((path, child))
+    return found
+
+
+def modules_by_path_public(root: nn.Module) -> dict:
+    return dict(root.named_modules(remove_duplicate=False))
+
+
+def modules_by_path(root: nn.Module) -> dict:
+    """Every module below ``root`` (and ``root`` under ``""``) by dotted path; a module shared under
+    two paths is under both (``dict(root.named_modules(remove_duplicate=False))``, in some order)."""
+    return modules_by_path_fast(root) if FAST else modules_by_path_public(root)
+
+
+def children_fast(module: nn.Module) -> dict:
+    return {name: child for name, child in module._modules.items() if child is not None}
+
+
+def children_public(module: nn.Module) -> dict:
+    """``named_children`` leaves out a module registered under a second name; this does not."""
+    return {name: child for name, child in module.named_modules(remove_duplicate=False)
+            if name and "." not in name}
+
+
+def children(module: nn.Module) -> dict:
+    """``module``'s direct submodules by name, a module registered under two names under both
+    (names registered as None are left out)."""
+    return children_fast(module) if FAST else children_public(module)
+
+
+def child_fast(module: nn.Module, name: str) -> Optional[nn.Module]:
+    return module._modules.get(name)
+
+
+def child_public(module: nn.Module, name: str) -> Optional[nn.Module]:
+    return children_public(module).get(name)
+
+
+def child(module: nn.Module, name: str) -> Optional[nn.Module]:
+    """The submodule registered as ``name`` directly on ``module``, or None."""
+    return child_fast(module, name) if FAST else child_public(module, name)
+
+
+def own_parameters_fast(module: nn.Module) -> dict:
+    return {name: t for name, t in module._parameters.items() if t is not None}
+
+
+def own_parameters_public(module: nn.Module) -> dict:
+    return dict(module.named_parameters(recurse=False, remove_duplicate=False))
+
+
+def own_parameters(module: nn.Module) -> dict:
+    """The parameters registered on ``module`` itself (not its submodules), by name."""
+    return own_parameters_fast(module) if FAST else own_parameters_public(module)
+
+
+def own_parameter_fast(module: nn.Module, name: str) -> Optional[nn.Parameter]:
+    return module._parameters.get(name)
+
+
+def own_parameter_public(module: nn.Module, name: str) -> Optional[nn.Parameter]:
+    return own_parameters_public(module).get(name)
+
+
+def own_parameter(module: nn.Module, name: str) -> Optional[nn.Parameter]:
+    """The parameter registered as ``name`` on ``module`` itself, or None."""
+    return own_parameter_fast(module, name) if FAST else own_parameter_public(module, name)
+
+
+def own_buffers_fast(module: nn.Module) -> dict:
+    return {name: t for name, t in module._buffers.items() if t is not None}
+
+
+def own_buffers_public(module: nn.Module) -> dict:
+    return dict(module.named_buffers(recurse=False, remove_duplicate=False))
+
+
+def own_buffers(module: nn.Module) -> dict:
+    """The buffers registered on ``module`` itself (not its submodules), by name."""
+    return own_buffers_fast(module) if FAST else own_buffers_public(module)
+
+
+def tensors_fast(module: nn.Module) -> list:
+    """For a module without submodules (a fold's conv, say) the tensors are read from its own
+    dictionaries, without the generators ``parameters()``/``buffers()`` walk through (a third of
+    a conv+bn rewrite's own time)."""
+    if module._modules:
+        return list(module.parameters()) + list(module.buffers())
+    found = [t for t in module._parameters.values() if t is not None]
+    found.extend(t for t in module._buffers.values() if t is not None)
+    return found
+
+
+def tensors_public(module: nn.Module) -> list:
+    return list(module.parameters()) + list(module.buffers())
+
+
+def tensors(module: nn.Module) -> list:
+    """The parameters, then the buffers, of ``module`` and its submodules; a tensor registered
+    under two names may be listed twice."""
+    return tensors_fast(module) if FAST else tensors_public(module)
+
+
+def members_fast(module: nn.Module) -> dict:
+    found = dict(module.__dict__)
+    found.update(module._parameters)
+    found.update(module._buffers)
+    found.update(module._modules)
+    return found
+
+
+def members_public(module: nn.Module) -> dict:
+    found = dict(vars(module))
+    found.update(module.named_parameters(recurse=False, remove_duplicate=False))
+    found.update(module.named_buffers(recurse=False, remove_duplicate=False))
+    found.update(children_public(module))
+    return found
+
+
+def members(module: nn.Module) -> dict:
+    """Everything set on ``module`` itself by name: instance attributes, then its own parameters,
+    buffers and submodules (entries registered as None may be present on the fast path)."""
+    return members_fast(module) if FAST else members_public(module)
+
+
+def take_member_fast(module: nn.Module, name: str) -> Any:
+    for store in (module.__dict__, module._parameters, module._buffers, module._modules):
+        if name in store:
+            return store.pop(name)
+    raise AttributeError(name)
+
+
+def take_member_public(module: nn.Module, name: str) -> Any:
+    value = getattr(module, name)
+    delattr(module, name)
+    return value
+
+
+def take_member(module: nn.Module, name: str) -> Any:
+    """Remove ``name`` from ``module`` (an attribute, parameter, buffer or submodule) and return
+    its value."""
+    return take_member_fast(module, name) if FAST else take_member_public(module, name)
+
+
+def registered_member_fast(module: nn.Module, name: str, default: Any) -> Any:
+    own = module.__dict__
+    for store in ("_parameters", "_buffers", "_modules"):
+        items = own.get(store)
+        if items and name in items:
+            return items[name]
+    return default
+
+
+def registered_member_public(module: nn.Module, name: str, default: Any) -> Any:
+    """``nn.Module.__getattr__`` is where torch looks a parameter, buffer or submodule up."""
+    try:
+        return nn.Module.__getattr__(module, name)
+    except AttributeError:
+        return default
+
+
+def registered_member(module: nn.Module, name: str, default: Any) -> Any:
+    """The parameter, buffer or submodule registered as ``name`` on ``module`` itself, or ``default``."""
+    return registered_member_fast(module, name, default) if FAST else registered_member_public(module, name, default)
+
+
+def holds_non_module_fast(module: nn.Module, name: str) -> bool:
+    return name in module.__dict__ or name in module._parameters or name in module._buffers \
+        or (name in module._modules and module._modules[name] is None)
+
+
+def holds_non_module_public(module: nn.Module, name: str) -> bool:
+    if name in vars(module):
+        return True
+    try:
+        value = nn.Module.__getattr__(module, name)
+    except AttributeError:
+        return False
+    return not isinstance(value, nn.Module)
+
+
+def holds_non_module(module: nn.Module, name: str) -> bool:
+    """Whether ``module`` itself has ``name`` as an instance attribute, parameter or buffer, or
+    registered as None (a parameter, buffer or submodule slot: nothing says which publicly)."""
+    return holds_non_module_fast(module, name) if FAST else holds_non_module_public(module, name)
+
+
+def put_child_fast(module: nn.Module, name: str, child: nn.Module) -> None:
+    module._modules[name] = child
+
+
+def put_child_public(module: nn.Module, name: str, child: nn.Module) -> None:
+    module.register_module(name, child)
+
+
+def put_child(module: nn.Module, name: str, child: nn.Module) -> None:
+    """Register ``child`` as ``name`` on ``module``, a name the caller knows is free and valid (the
+    fast path skips ``register_module``'s checks; the result is the same)."""
+    (put_child_fast if FAST else put_child_public)(module, name, child)
+
+
+def put_buffer_fast(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    module._buffers[name] = tensor
+
+
+def put_buffer_public(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    module.register_buffer(name, tensor)
+
+
+def put_buffer(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Register ``tensor`` as a persistent buffer ``name`` on ``module`` (a free, valid name)."""
+    (put_buffer_fast if FAST else put_buffer_public)(module, name, tensor)
+
+
+def put_parameter_fast(module: nn.Module, name: str, parameter: nn.Parameter) -> None:
+    module._parameters[name] = parameter
+
+
+def put_parameter_public(module: nn.Module, name: str, parameter: nn.Parameter) -> None:
+    module.register_parameter(name, parameter)
+
+
+def put_parameter(module: nn.Module, name: str, parameter: nn.Parameter) -> None:
+    """Register ``parameter`` as ``name`` on ``module`` (a free, valid name)."""
+    (put_parameter_fast if FAST else put_parameter_public)(module, name, parameter)
+
+
+# ---------------------------------------------------------------------------
+# Operators
+# ---------------------------------------------------------------------------
+
+
+def op_signature_fast(target: Any) -> Any:
+    from torch.fx import operator_schemas
+
+    return operator_schemas._torchscript_schema_to_signature(target._schema)
+
+
+def op_signature_public(target: Any) -> Any:
+    from torch.fx import operator_schemas
+
+    return operator_schemas.get_signature_for_torch_op(target)[0]
+
+
+def op_signature(target: Any) -> Any:
+    """The ``inspect.Signature`` of an ``OpOverload`` (see :func:`is_op_overload`), from its schema."""
+    return op_signature_fast(target) if FAST else op_signature_public(target)
+
+
+# ---------------------------------------------------------------------------
+# No public equivalent: the same on every torch version
+# ---------------------------------------------------------------------------
+
+
+def is_op_overload(target: Any) -> bool:
+    """Whether ``target`` is one overload of a torch operator (``torch.ops.aten.add.Tensor``)."""
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def is_higher_order_operator(target: Any) -> bool:
+    """Whether ``target`` is a higher-order operator (``torch.ops.higher_order.cond`` ...)."""
+    return isinstance(target, torch._ops.HigherOrderOperator)
+
+
+def op_schema(target: Any) -> Any:
+    """The ``torch._C.FunctionSchema`` of an ``OpOverload``: its arguments and their alias info."""
+    return target._schema
+
+
+def empty_graph_like(graph: fx.Graph) -> fx.Graph:
+    """An empty graph that records the same tracer as ``graph``."""
+    empty = fx.Graph(tracer_cls=graph._tracer_cls)
+    empty._tracer_extras = graph._tracer_extras
+    return empty
+
+
+def non_persistent_buffer_names(module: nn.Module) -> frozenset:
+    """The names of ``module``'s own buffers that ``state_dict`` leaves out."""
+    return frozenset(module._non_persistent_buffers_set)
+
+
+def hooks_call(module: nn.Module) -> Callable:
+    """``module``'s call with its hooks, not through ``nn.Module.__call__``: while another thread
+    traces, torch.fx patches ``nn.Module.__call__``."""
+    return getattr(module, "_call_impl", None) or module.forward
+
+
+def registered_values(module: nn.Module) -> "Registered":
+    """``module``'s own submodules, parameters and buffers by name (see :class:`Registered`)."""
+    return Registered(children(module), own_parameters(module), own_buffers(module),
+                      non_persistent_buffer_names(module))
+
+
+@dataclass(frozen=True)
+class Registered:
+    """What is registered on one module itself: submodules, parameters, buffers, and which buffers
+    ``state_dict`` leaves out."""
+
+    children: Mapping[str, nn.Module]
+    parameters: Mapping[str, Any]
+    buffers: Mapping[str, Any]
+    non_persistent: frozenset
+
+
+def new_fake_mode() -> Any:
+    """A ``FakeTensorMode`` that also accepts real tensors as inputs (they are made fake on use)."""
+    return _FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_copy_mode(mode: Any) -> Any:
+    """A context in which ``copy.deepcopy`` gives fake copies (in ``mode``) of the tensors it copies."""
+    return _FakeCopyMode(mode)
+
+
+def is_fake_tensor(value: Any) -> bool:
+    """Whether ``value`` is a fake tensor (it has a ``fake_mode``)."""
+    return isinstance(value, _FakeTensor)
+
+
+def function_is_impure(target: Any, args: tuple, kwargs: dict) -> bool:
+    """torch's own answer to whether calling ``target`` on these arguments has a side effect
+    (random number generation does not count)."""
+    return _torch_is_impure(target, args=args, kwargs=kwargs, impure_random=False)
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def hooked_kinds(module: nn.Module) -> list:
+    """The kinds of hook registered on ``module`` itself (``forward_hooks``, ``forward_pre_hooks``,
+    ``backward_hooks``, ``backward_pre_hooks``), in that order; empty when none is."""
+    return [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
+
+
+IMPURE_MODULE_FLAG = "_is_impure"
+"""The attribute by which a module says that calling it has a side effect (``Node.is_impure`` reads it)."""
+
+EXPORT_SPECS = ("_in_spec", "_out_spec")
+"""The attributes in which a GraphModule from ``torch.export`` keeps its input and output pytree specs."""
+
+GRAPH_MODULE_INTERNALS = frozenset({
+    "training", "_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_graph", "_code",
+    "_lineno_map", "_prologue_start", "_tracer_cls", "_tracer_extras", "meta", "_replace_hooks",
+    "_create_node_hooks", "_erase_node_hooks", "_deepcopy_hooks", "_backward_pre_hooks", "_backward_hooks",
+    "_is_full_backward_hook", "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+    "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_compiled_call_impl", "forward",
+    *EXPORT_SPECS,
+})
+"""The instance attributes a GraphModule sets up itself: what is not carried over from an input
+GraphModule to the one a rewrite builds (besides hooks, which are copied)."""

@@ -1,0 +1,475 @@
+"""``fxrules.engine.fxaccess``: every private torch member fxrules touches, fast path beside public path.
+
+* the version gate takes the fast paths on the torch releases they were written for only;
+* each fast path and its public equivalent, called directly, agree on real graphs and modules;
+* with the gate forced to the public paths, the engine gives the same graphs, reports, names
+  and outputs (fold, cleanup, swaps, an exported program, saving).
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+import fxrules
+from fxrules import zoo
+from fxrules.engine import fxaccess
+
+
+def seeded(build, seed: int = 0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def traced(build) -> fx.GraphModule:
+    return fx.symbolic_trace(seeded(build).eval())
+
+
+class Shared(nn.Module):
+    """A submodule under two names, a child registered as None, a parameter under two names, a
+    non-persistent buffer and a plain tensor attribute: what a module walk can get wrong."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.again = self.conv
+        self.register_module("hole", None)
+        self.scale = nn.Parameter(torch.ones(4))
+        self.register_parameter("scale_alias", self.scale)
+        self.register_parameter("nothing", None)
+        self.register_buffer("count", torch.zeros(1))
+        self.register_buffer("scratch", torch.zeros(2), persistent=False)
+        self.constant = torch.ones(3)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x)) * self.scale.view(1, -1, 1, 1)
+        return torch.relu(y) + self.count
+
+
+MODELS = {
+    "resnet": zoo.resnet,
+    "transformer": zoo.transformer,
+    "mlp": zoo.mlp,
+    "methods": zoo.methods,
+    "deep_cnn": lambda: zoo.deep_cnn(2),
+    "shared": Shared,
+}
+
+
+# ------------------------------------------------------------------------------ the gate
+
+
+@pytest.mark.parametrize("version, fast", [
+    ("2.13.0", True), ("2.13.0+cpu", True), ("2.13.1+cu128", True), ("2.13.0a0+git1234", True),
+    ("2.12.1", False), ("2.14.0", False), ("2.1.0", False), ("3.13.0", False), ("12.13.0", False), ("", False),
+    ("nightly", False),
+])
+def test_the_gate_takes_the_fast_paths_on_the_written_for_release_only(version, fast):
+    assert fxaccess.fast_paths_apply(version) is fast
+
+
+def test_the_gate_is_decided_from_this_torch():
+    assert fxaccess.FAST is fxaccess.fast_paths_apply(torch.__version__)
+
+
+def test_each_accessor_dispatches_to_its_public_path_when_the_gate_is_off(monkeypatch):
+    """With FAST false not one private member of a node, graph or module is read: every fast
+    path is replaced by one that fails, and the engine still runs."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a fast path ran with the gate off")
+
+    fast = [name for name in vars(fxaccess) if name.endswith("_fast") and callable(getattr(fxaccess, name))]
+    assert len(fast) >= 20
+    for name in fast:
+        monkeypatch.setattr(fxaccess, name, refuse)
+    monkeypatch.setattr(fxaccess, "FAST", False)
+    monkeypatch.setattr(fxaccess, "_QuietLookupTable", refuse)
+    model = seeded(zoo.resnet).eval()
+    result = fxrules.apply_rules(model, fxrules.load_rules(fxrules.LIBRARY / "fold"))
+    assert result.report.applied
+
+
+# ------------------------------------------------------------------------------ node accessors
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer", "methods", "shared"])
+def test_erased_agrees(name):
+    gm = traced(MODELS[name])
+    graph = gm.graph
+    gone = []
+    for node in list(graph.nodes):  # erase a few of each kind, users first
+        if node.op in ("call_function", "call_method", "call_module", "get_attr") and len(gone) < 12:
+            with graph.inserting_after(node):
+                dead = graph.node_copy(node)
+            gone.append(dead)
+    for node in gone:
+        assert fxaccess.erased_fast(node) is fxaccess.erased_public(node) is False
+        graph.erase_node(node)
+    for node in list(graph.nodes) + gone:
+        assert fxaccess.erased_fast(node) == fxaccess.erased_public(node) == fxaccess.erased(node) == (node in gone)
+    assert len({n.op for n in gone}) >= 2
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer"])
+def test_sort_keys_order_nodes_alike(name):
+    gm = traced(MODELS[name])
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    with graph.inserting_before(nodes[len(nodes) // 2]):  # positions between existing ones
+        x = nodes[0]
+        extra = [graph.call_function(torch.relu, (x,)) for _ in range(5)]
+    order = list(graph.nodes)
+    shuffled = sorted(order, key=id)
+    assert sorted(shuffled, key=fxaccess.sort_key_fast) == order
+    assert sorted(shuffled, key=fxaccess.sort_key_public) == order
+    assert all(fxaccess.sort_key(n) == (fxaccess.sort_key_fast if fxaccess.FAST else fxaccess.sort_key_public)(n)
+               for n in order)
+    for a, b in zip(order, order[1:]):  # the comparison a heap makes
+        assert fxaccess.sort_key_fast(a) < fxaccess.sort_key_fast(b)
+        assert fxaccess.sort_key_public(a) < fxaccess.sort_key_public(b)
+    assert all(e in order for e in extra)
+
+
+# ------------------------------------------------------------------------------ graph accessors
+
+
+def _node_facts(graph: fx.Graph) -> list:
+    return [(n.name, n.op, n.target, n.type, repr(n.args), repr(n.kwargs), type(n.args), type(n.kwargs),
+             [u.name for u in n.users], dict(n.meta)) for n in graph.nodes]
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer", "methods", "shared"])
+def test_copy_graph_agrees(name):
+    gm = traced(MODELS[name])
+    fast, public = fxaccess.copy_graph_fast(gm.graph), fxaccess.copy_graph_public(gm.graph)
+    assert _node_facts(fast) == _node_facts(public) == _node_facts(gm.graph)
+    assert fast.python_code("self").src == public.python_code("self").src
+    for copied in (fast, public):
+        copied.lint()
+        for op in ("placeholder", "call_module", "get_attr", "call_method", "output"):
+            assert copied.find_nodes(op=op) == [n for n in copied.nodes if n.op == op]
+    # nodes created later are named alike in both copies
+    names = []
+    for copied in (fast, public):
+        out = next(iter(copied.find_nodes(op="output")))
+        with copied.inserting_before(out):
+            made = [copied.call_function(torch.relu, (out.args[0],)), copied.call_method("add", (out.args[0], 1)),
+                    copied.call_function(operator.add, (out.args[0], 2))]
+        names.append([n.name for n in made])
+    assert names[0] == names[1]
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer", "shared"])
+def test_create_node_agrees(name):
+    gm = traced(MODELS[name])
+    made = []
+    for create in (fxaccess.create_node_fast, fxaccess.create_node_public):
+        graph = fxaccess.copy_graph_public(gm.graph)
+        nodes = list(graph.nodes)
+        base_names: dict = {}
+        created = []
+        for anchor in (nodes[1], nodes[len(nodes) // 2], nodes[-1]):
+            with graph.inserting_before(anchor):
+                x = anchor.prev
+                created.append(create(graph, "call_function", torch.relu, (x,), {}, base_names))
+                created.append(create(graph, "call_function", F.gelu, (x,), {"approximate": "tanh"}, base_names))
+                created.append(create(graph, "call_method", "view", (x, -1), {}, base_names))
+                created.append(create(graph, "call_module", "conv" if name == "shared" else "fc", (x,), {},
+                                      base_names))
+                created.append(create(graph, "get_attr", "fxrules_new.weight", (), {}, base_names))
+                created.append(create(graph, "call_function", torch.relu, (x,), {}, base_names))
+        graph.lint()
+        assert len(graph.nodes) == len(nodes) + len(created)
+        for node in created:
+            assert node in graph.find_nodes(op=node.op, target=node.target if node.op == "call_function" else None)
+        made.append((_node_facts(graph), [n.name for n in created]))
+    assert made[0] == made[1]
+
+
+def test_create_node_runs_the_owners_creation_hooks():
+    gm = traced(zoo.mlp)
+    seen = []
+    gm._register_create_node_hook(seen.append)
+    graph = gm.graph
+    with graph.inserting_before(next(iter(graph.find_nodes(op="output")))):
+        node = fxaccess.create_node_fast(graph, "call_function", torch.relu, (next(iter(graph.nodes)),), {}, {})
+    assert seen == [node]
+
+
+def test_the_quiet_lookup_table_changes_nothing_but_the_time():
+    gm = traced(zoo.transformer)
+    codes = []
+    for quiet in (fxaccess.quiet_lookup_table_fast, fxaccess.quiet_lookup_table_public):
+        graph = fxaccess.copy_graph_fast(gm.graph)
+        real = graph._find_nodes_lookup_table
+        module = fx.GraphModule(gm, fxaccess.copy_graph_public(gm.graph))  # has every attribute
+        with quiet(graph):
+            module.graph = graph
+        assert graph._find_nodes_lookup_table is real
+        assert all(node in real for node in graph.nodes)
+        graph.lint()
+        codes.append(module.code)
+    assert codes[0] == codes[1] == gm.code
+
+
+def test_release_owner_agrees():
+    for release in (fxaccess.release_owner_fast, fxaccess.release_owner_public):
+        gm = traced(zoo.mlp)
+        assert gm.graph.owning_module is gm
+        release(gm.graph)
+        assert gm.graph.owning_module is None
+
+
+class KeepingTracer(fx.Tracer):
+    """A tracer of its own (at module level: GraphModule records only importable tracers)."""
+
+
+def test_empty_graph_like_keeps_the_tracer():
+    model = seeded(zoo.mlp)
+    graph = KeepingTracer().trace(model)
+    empty = fxaccess.empty_graph_like(graph)
+    assert list(empty.nodes) == []
+    assert fx.GraphModule(nn.Module(), empty)._tracer_cls is fx.GraphModule(model, graph)._tracer_cls is KeepingTracer
+
+
+# ------------------------------------------------------------------------------ module accessors
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_module_walks_agree(name):
+    model = seeded(MODELS[name])
+    leaves = [m for n, m in model.named_modules() if n and not list(m.children())]
+    if leaves:
+        model.shared_leaf = leaves[0]
+    for path, module in fxaccess.modules_by_path_public(model).items():
+        assert fxaccess.children_fast(module) == fxaccess.children_public(module), path
+        for child_name in list(module._modules) + ["missing", "training"]:
+            assert fxaccess.child_fast(module, child_name) is fxaccess.child_public(module, child_name)
+    fast, public = fxaccess.modules_by_path_fast(model), fxaccess.modules_by_path_public(model)
+    assert fast.keys() == public.keys()
+    assert all(fast[k] is public[k] for k in public)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_module_members_agree(name):
+    model = seeded(MODELS[name])
+    for path, module in fxaccess.modules_by_path_public(model).items():
+        assert fxaccess.own_parameters_fast(module) == fxaccess.own_parameters_public(module)
+        assert fxaccess.own_buffers_fast(module) == fxaccess.own_buffers_public(module)
+        ids = [[id(t) for t in paths(module)] for paths in (fxaccess.tensors_fast, fxaccess.tensors_public)]
+        assert ids[0] == ids[1] or (list(dict.fromkeys(ids[0])) == ids[1] and not list(module.children())), path
+        fast, public = fxaccess.members_fast(module), fxaccess.members_public(module)
+        assert {k: v for k, v in fast.items() if v is not None} == {k: v for k, v in public.items() if v is not None}
+        names = set(fast) | {"missing", "forward", "training"}
+        for member in names:
+            assert fxaccess.own_parameter_fast(module, member) is fxaccess.own_parameter_public(module, member)
+            assert fxaccess.registered_member_fast(module, member, "absent") is \
+                fxaccess.registered_member_public(module, member, "absent")
+            assert fxaccess.holds_non_module_fast(module, member) == fxaccess.holds_non_module_public(module, member)
+    registered = fxaccess.registered_values(model)
+    assert set(registered.buffers) - registered.non_persistent == {
+        k for k in model.state_dict() if "." not in k and k in registered.buffers}
+
+
+def test_shared_modules_and_tensors_are_seen_under_every_name():
+    model = seeded(Shared)
+    for children in (fxaccess.children_fast, fxaccess.children_public):
+        assert list(children(model)) == ["conv", "bn", "again"]
+    for members in (fxaccess.own_parameters_fast, fxaccess.own_parameters_public):
+        assert list(members(model)) == ["scale", "scale_alias"]
+    assert fxaccess.registered_values(model).non_persistent == {"scratch"}
+    for walk in (fxaccess.modules_by_path_fast, fxaccess.modules_by_path_public):
+        assert walk(model).keys() == {"", "conv", "bn", "again"}
+
+
+@pytest.mark.parametrize("member", ["conv", "scale", "count", "scratch", "constant", "training"])
+def test_take_member_agrees(member):
+    taken = []
+    for take in (fxaccess.take_member_fast, fxaccess.take_member_public):
+        model = seeded(Shared)
+        before = dict(fxaccess.members_public(model))
+        value = take(model, member)
+        assert value is not None
+        with pytest.raises(AttributeError):
+            getattr(model, member)
+        after = fxaccess.members_public(model)
+        assert after.keys() == before.keys() - {member}
+        taken.append((type(value), value.shape if isinstance(value, torch.Tensor) else None))
+    assert taken[0] == taken[1]
+
+
+def test_putting_members_agrees():
+    results = []
+    conv, weight, buffer = nn.Conv2d(1, 1, 1), nn.Parameter(torch.ones(2)), torch.zeros(3)
+    for put_child, put_buffer, put_parameter in (
+            (fxaccess.put_child_fast, fxaccess.put_buffer_fast, fxaccess.put_parameter_fast),
+            (fxaccess.put_child_public, fxaccess.put_buffer_public, fxaccess.put_parameter_public)):
+        module = nn.Module()
+        put_child(module, "conv", conv)
+        put_buffer(module, "buf", buffer)
+        put_parameter(module, "weight", weight)
+        assert module.conv is conv and module.buf is buffer and module.weight is weight
+        results.append((list(module.state_dict()), [n for n, _ in module.named_modules()],
+                        [n for n, _ in module.named_parameters()], [n for n, _ in module.named_buffers()]))
+    assert results[0] == results[1]
+
+
+# ------------------------------------------------------------------------------ operators
+
+
+@pytest.mark.parametrize("op", [torch.ops.aten.add.Tensor, torch.ops.aten.convolution.default,
+                                torch.ops.aten.relu_.default, torch.ops.aten.native_batch_norm.default,
+                                torch.ops.aten.view.default, torch.ops.aten.sum.dim_IntList])
+def test_op_signatures_agree(op):
+    assert fxaccess.is_op_overload(op)
+    assert fxaccess.op_signature_fast(op) == fxaccess.op_signature_public(op)
+    names = [a.name for a in fxaccess.op_schema(op).arguments]
+    assert ["input" if n == "self" else n for n in names] == list(fxaccess.op_signature_fast(op).parameters)
+
+
+def test_operator_kinds():
+    assert not fxaccess.is_op_overload(torch.relu) and not fxaccess.is_op_overload(torch.ops.aten.add)
+    assert fxaccess.is_higher_order_operator(torch.ops.higher_order.cond)
+    assert not fxaccess.is_higher_order_operator(torch.ops.aten.add.Tensor)
+
+
+# ------------------------------------------------------------------------------ the engine on public paths
+
+
+def _outcome(result) -> tuple:
+    module = result.module
+    report = {k: v for k, v in result.report.to_json().items() if k != "seconds"}
+    return (module.code, report, dict(result.counts),
+            [(n, type(m).__name__, m.training) for n, m in module.named_modules(remove_duplicate=False)],
+            {k: (v.shape, v.dtype) for k, v in module.state_dict().items()},
+            [(n.name, n.op, str(n.target), {k: v for k, v in n.meta.items() if k not in ("val", "from_node")}) for n in module.graph.nodes])
+
+
+def _both_paths(monkeypatch, run) -> list:
+    outcomes = []
+    for fast in (True, False):
+        monkeypatch.setattr(fxaccess, "FAST", fast)
+        outcomes.append(run())
+    monkeypatch.undo()
+    return outcomes
+
+
+CASES = [
+    ("resnet", "fold"), ("deep_cnn", "fold"), ("shared", "fold"), ("transformer", "cleanup"),
+    ("methods", "canonicalize"), ("redundant", "cleanup"), ("mlp", "swap"), ("transformer", "swap"),
+]
+
+
+@pytest.mark.parametrize("name, library", CASES)
+def test_the_engine_on_public_paths_gives_the_same_results(monkeypatch, name, library):
+    build = MODELS.get(name) or getattr(zoo, name)
+    rules = fxrules.load_rules(fxrules.LIBRARY / library)
+    x = torch.randn(2, 3, 16, 16) if name == "shared" else zoo.example_inputs(name if name != "deep_cnn"
+                                                                                 else "deep_cnn")[0]
+
+    def run():
+        model = seeded(build).eval()
+        result = fxrules.apply_rules(model, rules, example_inputs=(x,))
+        with torch.no_grad():
+            return _outcome(result), result.module(x)
+
+    (fast, fast_out), (public, public_out) = _both_paths(monkeypatch, run)
+    assert fast == public
+    assert torch.equal(fast_out, public_out)
+    assert fast[1]["applied"] or library == "swap" and name == "transformer"
+
+
+def test_a_graph_module_input_keeps_its_meta_on_public_paths(monkeypatch):
+    def run():
+        gm = traced(zoo.resnet)
+        gm.meta["note"] = "kept"
+        result = fxrules.apply_rules(gm, fxrules.load_rules(fxrules.LIBRARY / "fold"),
+                                     example_inputs=zoo.example_inputs("resnet"))
+        vals = [tuple(n.meta["val"].shape) for n in result.module.graph.nodes
+                if isinstance(n.meta.get("val"), torch.Tensor)]
+        return _outcome(result), result.module.meta.get("note"), vals
+
+    fast, public = _both_paths(monkeypatch, run)
+    assert fast == public
+    assert fast[1] == "kept" and fast[2]
+
+
+def test_an_exported_program_on_public_paths(monkeypatch):
+    model = seeded(zoo.resnet).eval()
+    inputs = zoo.example_inputs("resnet")
+    program = torch.export.export(model, inputs)
+    rules = fxrules.load_rules(fxrules.LIBRARY / "aten")
+
+    def run():
+        result = fxrules.apply_rules(copy.deepcopy(program), rules)
+        with torch.no_grad():
+            return _outcome(result), result.module(*inputs)
+
+    (fast, fast_out), (public, public_out) = _both_paths(monkeypatch, run)
+    assert fast == public
+    assert torch.equal(fast_out, public_out)
+    assert fast[1]["applied"]
+
+
+def test_saving_on_public_paths(monkeypatch, tmp_path):
+    from fxrules.tools.saving import save_module
+
+    model = seeded(Shared).eval()
+    result = fxrules.apply_rules(model, fxrules.load_rules(fxrules.LIBRARY / "fold"))
+    written = []
+    for fast in (True, False):
+        monkeypatch.setattr(fxaccess, "FAST", fast)
+        path = save_module(result.module, tmp_path / str(fast))
+        written.append(((path / "module.py").read_text(), sorted(p.name for p in path.iterdir())))
+        loaded = fxrules.load_saved(path)
+        x = torch.randn(2, 3, 8, 8)
+        with torch.no_grad():
+            assert torch.equal(loaded(x), result.module(x))
+    assert written[0] == written[1]
+
+
+def test_the_verifier_on_public_paths(monkeypatch):
+    rules = fxrules.parse_rules('rule relu_relu: call_function torch.relu(call_function torch.relu($x)) '
+                                '-> call_function torch.relu($x)\n'
+                                'rule swap_mod: call_module ReLU{inplace=False}($x) -> call_function F.relu($x)\n')
+
+    def run():
+        report = fxrules.verify(rules, max_examples=10, seed=3, database=None)
+        return [(v.rule, v.grade, v.hosts_checked, v.ok) for v in report.verdicts]
+
+    fast, public = _both_paths(monkeypatch, run)
+    assert fast == public
+    assert all(ok and checked for _, _, checked, ok in fast)
+
+
+def test_fake_tensors_and_impurity():
+    mode = fxaccess.new_fake_mode()
+    with fxaccess.fake_copy_mode(mode):
+        fake = copy.deepcopy(nn.Linear(3, 2))
+    assert fxaccess.is_fake_tensor(fake.weight) and not fxaccess.is_fake_tensor(torch.ones(1))
+    assert tuple(fake.weight.shape) == (2, 3)
+    assert fxaccess.function_is_impure(torch.ops.aten._print.default, ("x",), {})
+    assert not fxaccess.function_is_impure(torch.ops.aten.add.Tensor, (), {})
+
+
+def test_graph_module_internals_are_what_a_graph_module_sets_up():
+    gm = traced(zoo.mlp)
+    own = {k for k in vars(gm) if not k.startswith("__")}
+    # shape_env belongs to the trace (a rewrite carries it over like any attribute of the input)
+    assert own - fxaccess.GRAPH_MODULE_INTERNALS <= {"shape_env"}, own - fxaccess.GRAPH_MODULE_INTERNALS
+    assert set(fxaccess.EXPORT_SPECS) <= fxaccess.GRAPH_MODULE_INTERNALS
+
+
+def test_hooked_kinds():
+    module = nn.Linear(2, 2)
+    assert fxaccess.hooked_kinds(module) == []
+    module.register_forward_pre_hook(lambda m, args: None)
+    module.register_full_backward_hook(lambda m, gi, go: None)
+    assert fxaccess.hooked_kinds(module) == ["forward_pre_hooks", "backward_hooks"]
