@@ -89,9 +89,9 @@ class RulePass(PassBase):
 
 
 def _is_fake(value: Any) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
+    from fxrules.engine.fxaccess import is_fake_tensor
 
-    return isinstance(value, FakeTensor)
+    return is_fake_tensor(value)
 
 
 class RuleBackend:
@@ -102,10 +102,12 @@ class RuleBackend:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         if isinstance(then, str):
-            from torch._dynamo import list_backends, lookup_backend
+            from torch.compiler import list_backends
+
+            from fxrules.engine.fxaccess import compile_backend_named
 
             try:
-                self._then = lookup_backend(then)
+                self._then = compile_backend_named(then)
             except Exception:
                 known = ", ".join(sorted(set(list_backends(exclude_tags=())) | {"eager", "inductor"}))
                 raise ValueError(f"no torch.compile backend named {then!r}; known: {known}") from None

@@ -142,3 +142,44 @@ def test_predicate_names_match_the_predicates():
     from fxrules.lang.names import PREDICATE_NAMES
 
     assert PREDICATE_NAMES == frozenset(PREDICATES)
+
+
+def _torch_private_names() -> set[str]:
+    """Private member names of the torch objects fxrules works on (nodes, graphs, graph modules,
+    modules, operators, tensors) and of torch's modules themselves."""
+    import torch
+    from torch import fx, nn
+
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    objects = [gm, gm.graph, next(iter(gm.graph.nodes)), nn.Linear(2, 2), torch.ops.aten.add,
+               torch.ops.aten.add.Tensor, torch.zeros(1), torch, torch.fx, torch.nn, torch.ops]
+    names = set()
+    for obj in objects:
+        for name in set(dir(obj)) | set(getattr(obj, "__dict__", {})):
+            if name.startswith("_") and not name.startswith("__"):
+                names.add(name)
+    return names
+
+
+def test_private_torch_members_are_touched_in_fxaccess_only():
+    """Every private torch member (``node._erased``, ``module._modules``, ``torch._ops``, an import
+    of ``torch._subclasses``...) is reached through fxrules.engine.fxaccess, where each fast path
+    sits beside its public equivalent (docs/architecture.md)."""
+    private = _torch_private_names()
+    assert {"_erased", "_modules", "_parameters", "_find_nodes_lookup_table", "_ops"} <= private
+    wrong = []
+    for module, path in MODULES.items():
+        if module == "fxrules.engine.fxaccess":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                owner = ast.unparse(node.value)
+                if owner not in ("self", "cls") and not owner.endswith("aten"):  # aten._softmax is an op
+                    wrong.append(f"{where}: {ast.unparse(node)}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                wrong.extend(f"{where}: import {n}" for n in names
+                             if n.split(".")[0] == "torch" and any(p.startswith("_") for p in n.split(".")))
+    assert not wrong, "\n".join(wrong)

@@ -599,6 +599,14 @@ def fake_copy_mode(mode: Any) -> Any:
     return _FakeCopyMode(mode)
 
 
+def compile_backend_named(name: str) -> Callable:
+    """The ``torch.compile`` backend callable registered under ``name`` (``torch.compile`` takes
+    names, but no public function returns the callable); raises when there is none."""
+    from torch._dynamo import lookup_backend
+
+    return lookup_backend(name)
+
+
 def is_fake_tensor(value: Any) -> bool:
     """Whether ``value`` is a fake tensor (it has a ``fake_mode``)."""
     return isinstance(value, _FakeTensor)
