@@ -301,7 +301,7 @@ def runs(tmp_path_factory):
         "module_json": ["-m", "fxrules", "check", "--format", "json", os.fspath(tmp / "unbound.fxr")],
         "module_usage": ["-m", "fxrules", "check", "--no-such-option"],
         "module_missing": ["-m", "fxrules", "check", os.fspath(tmp / "missing.fxr")],
-        "import_only": ["-c", "import sys, fxrules, fxrules.tools.cli, fxrules.api, fxrules.lang.checker, fxrules.lang.names; "
+        "import_only": ["-c", "import sys, fxrules, fxrules.tools.cli, fxrules.api, fxrules.lang.check, fxrules.lang.names; "
                               "print('torch' in sys.modules)"],
         "no_torch_clean": ["-c", _NO_TORCH, "check", os.fspath(EXAMPLES)],
         "no_torch_syntax": ["-c", _NO_TORCH, "check", os.fspath(tmp / "syntax.fxr")],
