@@ -546,7 +546,7 @@ def test_a_lower_python_digit_limit_is_the_limit():
 
 
 def test_an_example_count_is_bounded():
-    from fxrules.lang.checker import MAX_EXAMPLE_COUNT
+    from fxrules.lang.check.examples import MAX_EXAMPLE_COUNT
 
     assert MAX_EXAMPLE_COUNT == 10_000
     parse_rules(_RELU_RELU + f"example {MAX_EXAMPLE_COUNT}: {_MODEL} given $x: [2]\n")

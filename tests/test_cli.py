@@ -278,7 +278,7 @@ def runs(tmp_path_factory):
     commands = {
         "module_clean": ["-m", "fxrules", "check", os.fspath(EXAMPLES)],
         "module_usage": ["-m", "fxrules", "check", "--no-such-option"],
-        "import_only": ["-c", "import sys, fxrules, fxrules.tools.cli, fxrules.api, fxrules.lang.checker, fxrules.lang.names; "
+        "import_only": ["-c", "import sys, fxrules, fxrules.tools.cli, fxrules.api, fxrules.lang.check, fxrules.lang.names; "
                               "print('torch' in sys.modules)"],
         "no_torch_clean": ["-c", _NO_TORCH, "check", os.fspath(EXAMPLES)],
         "no_torch_syntax": ["-c", _NO_TORCH, "check", os.fspath(tmp / "syntax.fxr")],

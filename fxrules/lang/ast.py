@@ -9,7 +9,7 @@ Two expression families:
 * pattern/replacement expressions (``Expr``): what a rule matches and builds;
 * condition expressions (``Cond``): what a ``where`` clause computes.
 
-Names are kept as written (aliases unexpanded); :mod:`fxrules.lang.checker`
+Names are kept as written (aliases unexpanded); :mod:`fxrules.lang.check`
 resolves them.
 """
 

@@ -15,7 +15,7 @@ import os
 from typing import Iterable, Sequence, Union
 
 import fxrules.lang.ast as A
-from fxrules.lang.checker import check_duplicates, check_file
+from fxrules.lang.check import check_duplicates, check_file
 from fxrules.lang.diagnostics import ERROR, Diagnostic, RuleFileError
 from fxrules.lang.names import Resolver
 from fxrules.lang.parser import parse

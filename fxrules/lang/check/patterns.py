@@ -1,0 +1,157 @@
+"""Patterns: what they bind, and that they can be matched.
+
+Captures and ``as`` names (no name bound twice, none used inside its own definition), references
+to ``as`` names, alternations whose options bind the same names, where ``...`` may stand, and
+the targets of the calls (through :class:`fxrules.lang.check.targets.Targets`). The result is the
+pattern's :class:`fxrules.lang.check.scope.Bindings`, which conditions and replacements are
+checked against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import fxrules.lang.ast as A
+from fxrules.lang.check.calls import attribute_values, check_argument_list, check_duplicate_keywords
+from fxrules.lang.check.reporter import Reporter
+from fxrules.lang.check.scope import Bindings, report_unbound_name
+from fxrules.lang.check.targets import Targets
+
+
+def check_patterns(reporter: Reporter, targets: Targets, patterns: tuple[A.Expr, ...]) -> Bindings:
+    """Check a rule's pattern roots; what they bind."""
+    walk = _PatternWalk(reporter, targets)
+    scope = _Scope()
+    for root in patterns:
+        walk.pattern(root, scope, root=True, enclosing=())
+    bindings = Bindings(scope.captures, scope.names, tuple(scope.ellipses))
+    for name, span, enclosing in scope.references:
+        if name in enclosing:
+            reporter.error(span, "bad-pattern", f"`{name}` is used inside the pattern it names",
+                           notes=["a reference must point to a node outside its own definition"])
+        elif name not in scope.names:
+            report_unbound_name(reporter, name, span, bindings)
+    return bindings
+
+
+@dataclass(slots=True)
+class _Scope:
+    """What the pattern binds so far, while it is walked (an alternation's options get one each)."""
+
+    captures: dict[str, A.Span] = field(default_factory=dict)
+    names: dict[str, A.Expr] = field(default_factory=dict)  # `as` name -> the expression it names
+    name_spans: dict[str, A.Span] = field(default_factory=dict)
+    references: list[tuple[str, A.Span, tuple[str, ...]]] = field(default_factory=list)  # name, span, enclosing binds
+    ellipses: list[A.Span] = field(default_factory=list)
+
+    def bound(self) -> frozenset:
+        return frozenset(("$" + c) for c in self.captures) | frozenset(self.names)
+
+
+@dataclass(slots=True)  # a worker, made for each rule: a frozen dataclass costs three times as much to make
+class _PatternWalk:
+    reporter: Reporter
+    targets: Targets
+
+    def pattern(self, expr: A.Expr, scope: _Scope, *, root: bool, enclosing: tuple[str, ...]) -> None:
+        if isinstance(expr, A.Call):  # the most common first (the kinds are disjoint: the order is only speed)
+            self.call(expr, scope, enclosing)
+        elif isinstance(expr, A.Capture):
+            if root:
+                self.reporter.error(expr.span, "bad-pattern", "a pattern root must be an operation, not a capture",
+                                    notes=["write `call_function ...`, `call_method ...`, `call_module ...` or "
+                                           "`get_attr ...`"])
+            scope.captures.setdefault(expr.name, expr.span)
+        elif isinstance(expr, A.Wildcard):
+            if root:
+                self.reporter.error(expr.span, "bad-pattern", "a pattern root must be an operation, not `_`")
+        elif isinstance(expr, A.Literal):
+            if root:
+                self.reporter.error(expr.span, "bad-pattern", "a pattern root must be an operation, not a literal")
+        elif isinstance(expr, A.Name):
+            if root:
+                self.reporter.error(expr.span, "bad-pattern", "a pattern root must be an operation, not a name")
+            elif len(expr.dotted.parts) == 1:
+                scope.references.append((expr.dotted.parts[0], expr.span, enclosing))
+            else:
+                self.targets.constant(expr.dotted)
+        elif isinstance(expr, (A.ListExpr, A.TupleExpr)):
+            if root:
+                self.reporter.error(expr.span, "bad-pattern", "a pattern root must be an operation, not a list")
+            for item in expr.items:
+                if isinstance(item, A.Ellipsis_):
+                    self.reporter.error(item.span, "ellipsis-misuse",
+                                        "`...` may only end an argument list, not a list or tuple")
+                else:
+                    self.pattern(item, scope, root=False, enclosing=enclosing)
+        elif isinstance(expr, A.Ellipsis_):
+            self.reporter.error(expr.span, "ellipsis-misuse", "`...` may only end an argument list")
+        elif isinstance(expr, A.GetAttr):
+            if isinstance(expr.target, A.Capture):
+                scope.captures.setdefault(expr.target.name, expr.target.span)
+        elif isinstance(expr, A.Alt):
+            self.alternation(expr, scope, root=root, enclosing=enclosing)
+        elif isinstance(expr, A.Bind):
+            if expr.name in scope.names:
+                self.reporter.error(expr.span, "duplicate-binding", f"`{expr.name}` is already bound in this pattern",
+                                    notes=[f"first bound at {scope.name_spans[expr.name]}"])
+            else:
+                scope.names[expr.name] = expr.expr
+                scope.name_spans[expr.name] = expr.span
+            self.pattern(expr.expr, scope, root=root, enclosing=enclosing + (expr.name,))
+
+    def alternation(self, expr: A.Alt, scope: _Scope, *, root: bool, enclosing: tuple[str, ...]) -> None:
+        """Each option is walked from what was bound before the alternation; all must bind the same."""
+        bound_sets = []
+        before = scope.bound()
+        names_before, spans_before = dict(scope.names), dict(scope.name_spans)
+        for option in expr.options:
+            sub = _Scope(names=dict(names_before), name_spans=dict(spans_before))
+            self.pattern(option, sub, root=root, enclosing=enclosing)
+            bound_sets.append((sub.bound() - before, option))
+            for name, span in sub.captures.items():
+                scope.captures.setdefault(name, span)
+            for name, inner in sub.names.items():
+                scope.names.setdefault(name, inner)
+                scope.name_spans.setdefault(name, sub.name_spans[name])
+            scope.references.extend(sub.references)
+            scope.ellipses.extend(sub.ellipses)
+        first, _ = bound_sets[0]
+        for other, option in bound_sets[1:]:
+            if other != first:
+                missing = sorted(first ^ other)
+                self.reporter.error(option.span, "alternation-binding",
+                                    "the options of an alternation must bind the same captures and names",
+                                    notes=[f"bound by some options but not others: {', '.join(missing)}"])
+                break
+
+    def call(self, call: A.Call, scope: _Scope, enclosing: tuple[str, ...]) -> None:
+        if call.op == "call_function":
+            self.targets.function_target(call.target)
+        elif call.op == "call_method":
+            self.targets.method_target(call.target)
+        else:
+            self.module_call(call, scope)
+        if call.args is not None:
+            ellipsis = check_argument_list(self.reporter, call, "bad-pattern")
+            if ellipsis is not None:
+                scope.ellipses.append(ellipsis)
+            for arg in call.args:
+                if not isinstance(arg, A.Ellipsis_):
+                    self.pattern(arg, scope, root=False, enclosing=enclosing)
+            for keyword in call.kwargs:
+                self.pattern(keyword.value, scope, root=False, enclosing=enclosing)
+
+    def module_call(self, call: A.Call, scope: _Scope) -> None:
+        """``call_module TYPE{attribute=value, ...}``: a module type, and attributes its constructor takes."""
+        module_class = None
+        if call.builder_args is not None:
+            self.reporter.error(call.span, "bad-pattern", "a module builder can only appear in a replacement",
+                                notes=["a pattern matches modules by type: `call_module Conv2d(...)`"])
+        else:
+            module_class = self.targets.module_type(call.target)
+        check_duplicate_keywords(self.reporter, call.attrs or (), "bad-pattern", "attribute")
+        for keyword in call.attrs or ():
+            self.targets.module_attribute(keyword, module_class, matched=True)
+            for value in attribute_values(self.reporter, keyword.value, "bad-pattern"):
+                self.pattern(value, scope, root=False, enclosing=())
