@@ -33,6 +33,8 @@ from typing import Any, Iterable, Optional
 
 import fxrules.lang.ast as A
 from fxrules.lang.diagnostics import WARNING, Diagnostic
+from fxrules.lang import allowlist
+from fxrules.lang.allowlist import Position
 from fxrules.lang.names import BUILTIN_ALIASES, CONDITION_FUNCTIONS, PREDICATE_NAMES, Resolution, Resolver, builtin_path, expand, torch_available
 
 CONDITION_FUNCTION_NAMES = frozenset(CONDITION_FUNCTIONS)
@@ -243,9 +245,9 @@ class _FileChecker:
             self.error(call.span, "bad-example", "a call in an example needs its argument list",
                        notes=["write `(...)` after the target, as in `call_module ReLU($x)`"])
         if call.op == "call_function":
-            self.function_target(call.target)
+            self.function_target(call.target, Position.EXAMPLE)
         elif call.op == "call_method":
-            self.method_target(call.target)
+            self.method_target(call.target, Position.EXAMPLE)
             if call.target.parts[0].startswith("_"):
                 self.error(call.target.span, "bad-example", f"an example may not call `{call.target.text}`")
             if not call.args:
@@ -393,9 +395,9 @@ class _FileChecker:
     def pattern_call(self, call: A.Call, scope: _Scope, enclosing: tuple[str, ...]) -> None:
         module_class = None
         if call.op == "call_function":
-            self.function_target(call.target)
+            self.function_target(call.target, Position.PATTERN)
         elif call.op == "call_method":
-            self.method_target(call.target)
+            self.method_target(call.target, Position.PATTERN)
         else:
             if call.builder_args is not None:
                 self.error(call.span, "bad-pattern", "a module builder can only appear in a replacement",
@@ -546,6 +548,8 @@ class _FileChecker:
         resolution = self.resolver.resolve(self.full_path(dotted))
         if resolution.is_error:
             self.report(dotted.span, resolution, "unknown-target")
+        elif self.refused(dotted.span, allowlist.refuse_constant(self.full_path(dotted), self.resolver.packages)):
+            return
         elif resolution.ok and isinstance(resolution.value, type(A)):
             self.error(dotted.span, "forbidden-target",
                        f"a condition may not use the module `{dotted.text}` as a value")
@@ -598,6 +602,8 @@ class _FileChecker:
         resolution = self.resolver.resolve(path)
         if resolution.is_error:
             self.report(func.span, resolution, "unknown-predicate")
+        elif self.refused(func.span, allowlist.refuse_condition_call(path, self.resolver.packages)):
+            return
         elif resolution.ok and not callable(resolution.value):
             self.error(func.span, "unknown-predicate", f"`{path}` is not callable")
 
@@ -651,17 +657,9 @@ class _FileChecker:
                        "a call without an argument list forwards the matched node's arguments, so it can only be "
                        "a whole replacement", notes=["give it arguments, as in `call_function torch.relu($x)`"])
         if call.op == "call_function":
-            self.function_target(call.target)
-            path = self.full_path(call.target) if len(call.target.parts) > 1 else f"builtins.{call.target.text}"
-            if path in NEVER_CREATED:
-                self.error(call.target.span, "forbidden-target",
-                           f"a replacement may not create calls to `{path}`: it reaches arbitrary attributes or "
-                           f"callables when the model runs", notes=["patterns may still match such calls"])
+            self.function_target(call.target, Position.REPLACEMENT)  # the allow-list refuses NEVER_CREATED
         elif call.op == "call_method":
-            self.method_target(call.target)
-            if call.target.parts[0].startswith("__"):
-                self.error(call.target.span, "forbidden-target",
-                           f"a replacement may not call the dunder method `{call.target.text}`")
+            self.method_target(call.target, Position.REPLACEMENT)  # and dunder methods
         elif call.builder_args is not None:
             self.builder(call, scope)
         elif len(call.target.parts) == 1 and call.target.parts[0] in scope.names:
@@ -719,6 +717,8 @@ class _FileChecker:
         elif resolution.ok and (isinstance(resolution.value, type) or not callable(resolution.value)):
             self.error(call.target.span, "unknown-builder", f"`{path}` is not a builder function",
                        notes=["a builder is a function taking matched modules and returning a new nn.Module"])
+        else:
+            self.refused(call.target.span, allowlist.refuse_builder(path, self.resolver.packages))
 
     def constructor_arguments(self, call: A.Call, module_class: Any, code: str = "bad-replacement") -> None:
         """Constructing ``TYPE{...}`` must supply every required constructor argument."""
@@ -753,6 +753,14 @@ class _FileChecker:
                 notes.append(f"did you mean `{suggestion}`?")
         self.error(span, status, resolution.message, notes=notes)
 
+    def refused(self, span: A.Span, refusal: Optional[str]) -> bool:
+        """Report an allow-list refusal (fxrules.lang.allowlist) as `not-allowed`; whether there was one."""
+        if refusal is None:
+            return False
+        self.error(span, "not-allowed", refusal, notes=["see SECURITY.md: rule files name only what the allow-list "
+                                                        "permits"])
+        return True
+
     def full_path(self, dotted: A.Dotted) -> str:
         return expand(dotted.parts, self.aliases) or dotted.text
 
@@ -765,8 +773,10 @@ class _FileChecker:
         resolution = self.resolver.resolve(self.full_path(dotted))
         if resolution.is_error:
             self.report(dotted.span, resolution, "unknown-target")
+        else:
+            self.refused(dotted.span, allowlist.refuse_constant(self.full_path(dotted), self.resolver.packages))
 
-    def function_target(self, target: A.Dotted) -> None:
+    def function_target(self, target: A.Dotted, position: Position) -> None:
         if self.alias_reported(target):
             return
         if len(target.parts) == 1 and target.parts[0] not in self.aliases and target.parts[0] not in BUILTIN_ALIASES:
@@ -787,11 +797,14 @@ class _FileChecker:
         resolution = self.resolver.resolve(path)
         if resolution.is_error:
             self.report(target.span, resolution, "unknown-target")
+        elif self.refused(target.span, allowlist.refuse_function(path, position, self.resolver.packages)):
+            return
         elif resolution.ok and not callable(resolution.value):
             self.error(target.span, "unknown-target", f"`{path}` is not callable")
 
-    def method_target(self, target: A.Dotted) -> None:
+    def method_target(self, target: A.Dotted, position: Position) -> None:
         if not self.torch:
+            self.refused(target.span, allowlist.refuse_method(target.parts[0], position))
             return
         import torch
 
@@ -800,6 +813,8 @@ class _FileChecker:
             close = difflib.get_close_matches(name, [n for n in dir(torch.Tensor) if not n.startswith("_")], n=1)
             self.error(target.span, "unknown-method", f"`torch.Tensor` has no method `{name}`",
                        notes=[f"did you mean `{close[0]}`?"] if close else [])
+            return
+        self.refused(target.span, allowlist.refuse_method(name, position))
 
     def module_type(self, target: A.Dotted) -> Any:
         """The module class, or None when it cannot be resolved (reported) or torch is missing."""
@@ -813,15 +828,12 @@ class _FileChecker:
         if resolution.is_error:
             self.report(target.span, resolution, "unknown-module-type")
             return None
-        if not resolution.ok:
-            return None
-        import torch
-
-        value = resolution.value
-        if not (isinstance(value, type) and issubclass(value, torch.nn.Module)):
+        if resolution.ok and not _is_module_class(resolution.value):
             self.error(target.span, "unknown-module-type", f"`{path}` is not an nn.Module subclass")
             return None
-        return value
+        if self.refused(target.span, allowlist.refuse_module_type(path, self.resolver.packages)) or not resolution.ok:
+            return None
+        return resolution.value
 
     def module_attribute(self, keyword: A.Keyword, module_class: Any, *, pattern: bool) -> None:
         if module_class is None:
@@ -839,6 +851,12 @@ class _FileChecker:
                        f"`{module_class.__name__}` has no constructor argument `{keyword.name}`",
                        notes=[f"it takes: {', '.join(sorted(allowed))}"]
                        + ([f"did you mean `{close[0]}`?"] if close else []))
+
+
+def _is_module_class(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, type) and issubclass(value, torch.nn.Module)
 
 
 def _product(shape: tuple) -> int:

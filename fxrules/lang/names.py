@@ -20,6 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from fxrules.lang.allowlist import packages_of
+
 BUILTIN_ALIASES: Mapping[str, str] = {
     "torch": "torch",
     "nn": "torch.nn",
@@ -113,6 +115,9 @@ class Resolver:
 
     def __init__(self, allow_imports: Iterable[str] = ()):
         self.allow_imports = frozenset(allow_imports)
+        self.packages = packages_of(self.allow_imports)
+        """The user's packages the allow-list trusts (fxrules.lang.allowlist): allow-imports minus the roots
+        fxrules decides by its table, so `--allow-import torch` does not open torch."""
         self._cache: dict[str, Resolution] = {}
         self._lock = threading.Lock()
 
