@@ -59,11 +59,12 @@ MATCH_ONLY = (
 match them (matching an effect is how the planner protects it), nothing may create them."""
 
 DENIED_WORDS = re.compile(
-    r"file|save|load|seed|rng|print|profil|record|hook|script|jit|compile|export|serial|pickle|hub|system|"
+    r"file|save|load|seed|rng|print|profil|record|hook|script|jit|compile|export|serial|pickle|^hub$|^hub_|_hub$|system|"
     r"exec|eval|import|library|extension|distributed|process|thread|^set_|_set_|deterministic|grad_enabled|"
     r"anomaly|storage|share|mmap|open|warn|default|vmap|^func|callback|fork|stream|sync|_debug|flush|"
     r"inference_mode|no_grad|enable_grad|^backward$|^apply_$|^map_$|^map2_$|numpy|register|parallel|cufft|"
     r"plan_cache|token|_test_|foobar|autocast|parse|type_comment|get_device_module|with_distance|SyncBatchNorm",
+    re.IGNORECASE,
 )
 """Words in a name that mark an effect outside the outputs (reviewed by hand: over-refusing is safe)."""
 
