@@ -92,16 +92,23 @@ def denied(path: str) -> bool:
     return path in DENIED_NAMES or bool(DENIED_WORDS.search(last)) or bool(DENIED_WORDS.search(path.split(".")[1] if path.count(".") > 1 else ""))
 
 
+def _known(value, known: set) -> bool:
+    try:
+        return value in known
+    except TypeError:  # unhashable
+        return False
+
+
 def functions() -> set[str]:
+    # membership by equality, not identity: torch.mm is a fresh builtin object at each attribute access
     known = set(torch.overrides.get_testing_overrides()) | set(torch.overrides.get_ignored_functions())
-    known_ids = {id(f) for f in known}
     out: set[str] = set()
     for prefix, module in NAMESPACES.items():
         for name in dir(module):
             if name.startswith("_"):
                 continue
             value = getattr(module, name, None)
-            if id(value) in known_ids and callable(value) and not isinstance(value, type):
+            if _known(value, known) and callable(value) and not isinstance(value, type):
                 out.add(f"{prefix}.{name}")
     for name in dir(operator):
         if not name.startswith("_") and callable(getattr(operator, name)):

@@ -745,7 +745,7 @@ class _FileChecker:
             if head in self.bad_aliases:
                 return  # its `use` line is reported already
         status = resolution.status if resolution.status in ("import-not-allowed", "forbidden-target",
-                                                            "unknown-alias") else code
+                                                            "unknown-alias", "not-allowed") else code
         notes = []
         if status == code:
             suggestion = _suggest(resolution.path, self.resolver)
