@@ -15,6 +15,14 @@ What names mean in a condition:
 
 A condition that needs metadata the graph does not have raises
 :class:`MissingMetadata`; the engine turns it into an error naming the rule.
+
+Rule files are untrusted, and a condition runs for every candidate match: what one
+condition may build is bounded (:data:`MAX_SEQUENCE`, :data:`MAX_INT_BITS`,
+:data:`MAX_NDIGITS`), checked *before* an operation allocates. Exceeding the budget
+raises :class:`ConditionRefused`, which the engine reports naming the rule; it is
+never an out-of-memory. Dotted names are decided by the allow-list
+(:mod:`fxrules.lang.allowlist`) again here, so a rule set that skipped the checker
+cannot call what the checker would refuse.
 """
 
 from __future__ import annotations
@@ -26,9 +34,23 @@ import torch
 from torch import fx, nn
 
 import fxrules.lang.ast as A
+from fxrules.lang import allowlist
 from fxrules.lang.names import expand
 from fxrules.engine.predicates import PREDICATES
 from fxrules.lang.names import CONDITION_FUNCTIONS
+
+MAX_SEQUENCE = 1 << 16
+"""The most items (or characters) a list, tuple or string built by a condition may have."""
+
+MAX_INT_BITS = 1 << 14
+"""The most bits an integer computed by a condition may have (a 4,000-digit literal has 13,288)."""
+
+MAX_NDIGITS = 1000
+"""``round(x, n)`` with ``|n|`` beyond this is refused (Python computes ``10 ** |n|``)."""
+
+
+class ConditionRefused(Exception):
+    """A condition asked for more than the evaluation budget allows, or for a name the allow-list refuses."""
 
 
 class MissingMetadata(Exception):
@@ -196,18 +218,19 @@ class Evaluator:
         if kind is A.CCall:
             return self.call(cond)
         if kind is A.CList:
-            return [self.value(i) for i in cond.items]
+            return _bounded([self.value(i) for i in cond.items])
         if kind is A.CUnary:
             if cond.op == "not":
                 return not self.truth(cond.operand)
-            return -self.value(cond.operand)
+            return _bounded(-_plain(self, self.value(cond.operand)))
         if kind is A.CBinary:
             if cond.op == "and":
                 return self.truth(cond.left) and self.truth(cond.right)
             if cond.op == "or":
                 return self.truth(cond.left) or self.truth(cond.right)
-            left, right = self.value(cond.left), self.value(cond.right)
-            return _BINARY[cond.op](_plain(self, left), _plain(self, right))
+            left, right = _plain(self, self.value(cond.left)), _plain(self, self.value(cond.right))
+            _check_binary(cond.op, left, right)
+            return _bounded(_BINARY[cond.op](left, right))
         raise AssertionError(kind)  # pragma: no cover
 
     def call(self, cond: A.CCall) -> Any:
@@ -219,7 +242,9 @@ class Evaluator:
         if isinstance(func, A.CName) and func.name in PREDICATES:
             return PREDICATES[func.name](*[self.predicate_arg(a) for a in args])
         if isinstance(func, A.CName) and func.name in CONDITION_FUNCTIONS:
-            return CONDITION_FUNCTIONS[func.name](*[_plain(self, a) for a in args])
+            plain = [_plain(self, a) for a in args]
+            _check_builtin(func.name, plain)
+            return _bounded(CONDITION_FUNCTIONS[func.name](*plain))
         if isinstance(func, A.CAttr) and A.name_chain(func) is None:  # a method on a value: `$x.is_contiguous()`
             base = self.value(func.value)
             if isinstance(base, fx.Node):
@@ -228,7 +253,11 @@ class Evaluator:
                 raise NameError(f"a condition may call only metadata methods of a value, not `{func.attr}`")
             return getattr(base, func.attr)(*args)
         chain = A.name_chain(func)
-        function = self.constant(chain)
+        path = expand(chain, self.aliases) or ".".join(chain)
+        refusal = allowlist.refuse_condition_call(path, self.resolver.packages)
+        if refusal is not None:
+            raise ConditionRefused(refusal)
+        function = self.resolved(path)
         return function(*[self.predicate_arg(a) for a in args])
 
     def predicate_arg(self, value: Any) -> Any:
@@ -241,12 +270,85 @@ class Evaluator:
 
     def constant(self, chain: tuple) -> Any:
         path = expand(chain, self.aliases) or ".".join(chain)
+        refusal = allowlist.refuse_constant(path, self.resolver.packages)
+        if refusal is not None:
+            raise ConditionRefused(refusal)
+        return self.resolved(path)
+
+    def resolved(self, path: str) -> Any:
         resolution = self.resolver.resolve(path)
         if not resolution.ok:
             raise NameError(resolution.message or f"`{path}` does not resolve")
         if isinstance(resolution.value, type(operator)):
             raise NameError(f"a condition may not use the module `{path}` as a value")
         return resolution.value
+
+
+_SEQUENCES = (str, bytes, list, tuple)
+
+
+def _size(value: Any) -> int:
+    """How many items an operand contributes to a sequence result (a tensor: its elements)."""
+    if isinstance(value, _SEQUENCES):
+        return len(value)
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    return 1
+
+
+def _check_binary(op: str, left: Any, right: Any) -> None:
+    """Refuse, before computing it, a result beyond the budget."""
+    if op == "*":
+        if isinstance(left, _SEQUENCES) or isinstance(right, _SEQUENCES):
+            seq, count = (left, right) if isinstance(left, _SEQUENCES) else (right, left)
+            if isinstance(count, int) and len(seq) * max(count, 0) > MAX_SEQUENCE:
+                raise ConditionRefused(f"a condition may build sequences of at most {MAX_SEQUENCE} items "
+                                       f"(repeating {len(seq)} items {count} times)")
+        elif isinstance(left, int) and isinstance(right, int):
+            if abs(left).bit_length() + abs(right).bit_length() > MAX_INT_BITS:
+                raise ConditionRefused(f"a condition may compute integers of at most {MAX_INT_BITS} bits")
+    elif op == "+" and isinstance(left, _SEQUENCES) and isinstance(right, _SEQUENCES):
+        if len(left) + len(right) > MAX_SEQUENCE:
+            raise ConditionRefused(f"a condition may build sequences of at most {MAX_SEQUENCE} items")
+    elif op == "%" and isinstance(left, (str, bytes)):
+        raise ConditionRefused("a condition may not format strings with `%`")
+    if (isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor)) and op not in ("in", "not in"):
+        _check_broadcast(left, right)
+
+
+def _check_broadcast(left: Any, right: Any) -> None:
+    """Tensor arithmetic may not make a result larger than its largest operand (or the sequence budget)."""
+    shapes = [tuple(v.shape) if isinstance(v, torch.Tensor) else () for v in (left, right)]
+    if any(isinstance(v, _SEQUENCES) and len(v) > MAX_SEQUENCE for v in (left, right)):
+        raise ConditionRefused(f"a condition may build sequences of at most {MAX_SEQUENCE} items")
+    try:
+        result = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return  # the operation itself reports the mismatch
+    numel = 1
+    for d in result:
+        numel *= d
+    if numel > max(MAX_SEQUENCE, _size(left), _size(right)):
+        raise ConditionRefused(f"a condition may not broadcast tensors into {numel} elements")
+
+
+_ITERATING = frozenset({"tuple", "sum", "all", "any", "min", "max"})
+
+
+def _check_builtin(name: str, args: list) -> None:
+    if name in _ITERATING and any(_size(a) > MAX_SEQUENCE for a in args if isinstance(a, torch.Tensor)):
+        raise ConditionRefused(f"`{name}` in a condition may iterate over at most {MAX_SEQUENCE} items")
+    if name == "round" and len(args) > 1 and isinstance(args[1], int) and abs(args[1]) > MAX_NDIGITS:
+        raise ConditionRefused(f"`round` in a condition takes at most {MAX_NDIGITS} digits")
+
+
+def _bounded(value: Any) -> Any:
+    """A computed value, checked against the budget (sizes that were checked before are checked again)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > MAX_INT_BITS:
+        raise ConditionRefused(f"a condition may compute integers of at most {MAX_INT_BITS} bits")
+    if isinstance(value, _SEQUENCES) and len(value) > MAX_SEQUENCE:
+        raise ConditionRefused(f"a condition may build sequences of at most {MAX_SEQUENCE} items")
+    return value
 
 
 def _bare_node(value: Any) -> bool:

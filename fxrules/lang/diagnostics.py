@@ -43,6 +43,7 @@ CODES: dict[str, str] = {
     "unknown-predicate": "a condition calls a function that is neither a built-in predicate nor a dotted path",
     "import-not-allowed": "resolving the name would import a module outside the allow-list",
     "forbidden-target": "the target executes code or touches the system and is never allowed",
+    "not-allowed": "the name is not on the allow-list for its position (fxrules.lang.allowlist, SECURITY.md)",
     # bindings and structure
     "unbound-capture": "the replacement or a condition uses a capture the pattern does not bind",
     "unbound-name": "the replacement uses a node name the pattern does not bind with `as`",

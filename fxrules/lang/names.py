@@ -20,6 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from fxrules.lang.allowlist import packages_of
+
 BUILTIN_ALIASES: Mapping[str, str] = {
     "torch": "torch",
     "nn": "torch.nn",
@@ -77,7 +79,7 @@ class Resolution:
     ``status``: ``ok`` (``value`` holds the object), ``unavailable`` (its root
     module, torch, is not installed: nothing can be said), or an error code
     (``unknown-target``, ``import-not-allowed``, ``forbidden-target``,
-    ``unknown-alias``) with ``message``.
+    ``unknown-alias``, ``not-allowed``) with ``message``.
     """
 
     status: str
@@ -113,6 +115,9 @@ class Resolver:
 
     def __init__(self, allow_imports: Iterable[str] = ()):
         self.allow_imports = frozenset(allow_imports)
+        self.packages = packages_of(self.allow_imports)
+        """The user's packages the allow-list trusts (fxrules.lang.allowlist): allow-imports minus the roots
+        fxrules decides by its table, so `--allow-import torch` does not open torch."""
         self._cache: dict[str, Resolution] = {}
         self._lock = threading.Lock()
 
@@ -160,6 +165,11 @@ class Resolver:
             if part.startswith("__"):
                 return Resolution("forbidden-target", path,
                                   message=f"`{path}` names a dunder attribute; rule files may not")
+            if _new_torch_submodule(value, part):
+                return Resolution("not-allowed", path,
+                                  message=f"resolving `{path}` would import `{value.__name__}.{part}`, a torch "
+                                          f"module `import torch` does not load; rule files name only what "
+                                          f"the allow-list permits")
             try:
                 value = getattr(value, part)
                 if isinstance(value, type(sys)) and not self.on_the_way(value.__name__):
@@ -222,6 +232,19 @@ def _origin_problem(value: Any, resolver: "Resolver") -> Optional[str]:
     if not resolver.allowed(module) and root not in ("typing", "abc", "functools", "collections", "enum"):
         return f"is defined in `{module}`, outside the import allow-list"
     return None
+
+
+def _new_torch_submodule(module: Any, part: str) -> bool:
+    """Whether ``module.part`` is a torch submodule not imported yet (``torch.onnx``, ``torch.utils.collect_env``).
+
+    Importing it would run its code for a name the allow-list refuses anyway: every module
+    the table names (torch.nn.functional, torch.special, torch.linalg, torch.fft, torch.ops)
+    is loaded by ``import torch``. ``torch.ops`` namespaces are objects, not plain modules.
+    """
+    if type(module) is not type(sys) or not module.__name__.startswith("torch") or part in vars(module):
+        return False
+    name = f"{module.__name__}.{part}"
+    return name not in sys.modules and _locatable_submodule(name)
 
 
 def _locatable(name: str) -> bool:

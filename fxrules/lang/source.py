@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Union
@@ -52,17 +53,42 @@ def _position(data: bytes, offset: int) -> tuple[int, int]:
 
 
 def read(path: Union[str, os.PathLike]) -> Source:
+    """The file's text, read only if it is a regular file (symlinks resolved first) and at most
+    :data:`MAX_FILE_BYTES` long, whatever size the file system reports.
+
+    FIFOs, devices and sockets are refused before opening (opening a FIFO blocks; a device
+    reports size 0 and never ends): a quick io-error, never a hang or an out-of-memory.
+    """
     shown = os.fspath(path)
     try:
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
+        info = os.stat(path)  # follows symlinks: the target decides
+        if not stat.S_ISREG(info.st_mode):
+            raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", f"not a regular file ({_kind(info.st_mode)}); "
+                                                                     f"rule files are read only from regular files")])
+        if info.st_size > MAX_FILE_BYTES:
             raise RuleFileError(
-                [Diagnostic(shown, 1, 1, "io-error", f"the file is {size} bytes; rule files are limited to {MAX_FILE_BYTES}")]
+                [Diagnostic(shown, 1, 1, "io-error", f"the file is {info.st_size} bytes; rule files are limited to {MAX_FILE_BYTES}")]
             )
-        data = Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # swapped between stat and open
+                raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", "not a regular file")])
+            data = handle.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise RuleFileError(
+                [Diagnostic(shown, 1, 1, "io-error", f"the file is over {MAX_FILE_BYTES} bytes; rule files are limited to it")]
+            )
     except OSError as exc:
         raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", f"cannot read the file: {exc.strerror or exc}")]) from None
     return decode(data, shown)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def expand(paths: Iterable[Union[str, os.PathLike]]) -> list[str]:

@@ -23,8 +23,8 @@ class Bound:
     """A rule's conditions, and an Evaluator over the given bindings."""
 
     def __init__(self, where: str, pattern: str = ADD, *, captures: dict, names: dict | None = None,
-                 modules: dict | None = None, attrs: dict | None = None):
-        rule_set = fxrules.parse_rules(f"rule c: {pattern} where {where} -> $x")
+                 modules: dict | None = None, attrs: dict | None = None, allow_imports: tuple = ()):
+        rule_set = fxrules.parse_rules(f"rule c: {pattern} where {where} -> $x", allow_imports=allow_imports)
         (rule,) = rule_set.rules
         self.conditions = rule.ast.conditions
         self.evaluator = Evaluator(captures, names or {}, (modules or {}).get, (attrs or {}).get, rule.aliases,
@@ -161,9 +161,21 @@ def test_captured_sequences_index_and_len():
     assert holds("len($p) == $x.ndim and max($p) == 2 and min($q) == 0", pattern, captures=captures)
 
 
-def test_a_function_by_dotted_path_is_called_with_the_values():
-    assert holds("math.sqrt($y) == 3.0", captures={"x": tensor_node(1), "y": 9})
-    assert holds("math.sqrt($y) == 3.0", captures={"x": tensor_node(1), "y": 16}) is False
+def test_a_function_by_dotted_path_is_called_with_the_values(tmp_path, monkeypatch):
+    """Conditions call dotted paths only in packages the user allows (SECURITY.md); such a call
+    gets the evaluated values."""
+    (tmp_path / "fxrules_condition_helpers_zz.py").write_text("import math\n\ndef root(v):\n    return math.sqrt(v)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    allowed = ("fxrules_condition_helpers_zz",)
+    where = "fxrules_condition_helpers_zz.root($y) == 3.0"
+    assert holds(where, captures={"x": tensor_node(1), "y": 9}, allow_imports=allowed)
+    assert holds(where, captures={"x": tensor_node(1), "y": 16}, allow_imports=allowed) is False
+
+
+def test_a_condition_may_not_call_other_dotted_paths():
+    with pytest.raises(fxrules.RuleFileError) as caught:
+        holds("math.sqrt($y) == 3.0", captures={"x": tensor_node(1), "y": 9})
+    assert [d.code for d in caught.value.diagnostics] == ["not-allowed"]
 
 
 # ---------------------------------------------------------------------------

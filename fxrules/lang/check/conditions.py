@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import fxrules.lang.ast as A
 from fxrules.lang.check.reporter import Reporter, did_you_mean
 from fxrules.lang.check.scope import Bindings, report_unbound_capture
+from fxrules.lang import allowlist
 from fxrules.lang.check.targets import NEVER_CREATED, Targets
 from fxrules.lang.names import CONDITION_FUNCTIONS, PREDICATE_NAMES, expand
 
@@ -93,9 +94,12 @@ class _ConditionWalk:
         targets = self.targets
         if targets.aliases.is_reported(dotted):
             return
-        resolution = targets.resolve(targets.aliases.full_path(dotted))
+        path = targets.aliases.full_path(dotted)
+        resolution = targets.resolve(path)
         if resolution.is_error:
             targets.report(dotted.span, resolution, "unknown-target")
+        elif targets.refused(dotted.span, allowlist.refuse_constant(path, targets.resolver.packages)):
+            return
         elif resolution.ok and isinstance(resolution.value, _MODULE):
             self.reporter.error(dotted.span, "forbidden-target",
                                 f"a condition may not use the module `{dotted.text}` as a value")
@@ -154,6 +158,8 @@ def check_called_path(reporter: Reporter, targets: Targets, span: A.Span, path: 
     resolution = targets.resolve(path)
     if resolution.is_error:
         targets.report(span, resolution, "unknown-predicate")
+    elif targets.refused(span, allowlist.refuse_condition_call(path, targets.resolver.packages)):
+        return
     elif resolution.ok and not callable(resolution.value):
         reporter.error(span, "unknown-predicate", f"`{path}` is not callable")
 

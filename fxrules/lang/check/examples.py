@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import fxrules.lang.ast as A
 from fxrules.lang.check.calls import check_argument_list, check_duplicate_keywords
 from fxrules.lang.check.reporter import Reporter, did_you_mean
+from fxrules.lang.allowlist import Position
 from fxrules.lang.check.targets import Targets
 
 MAX_EXAMPLE_COUNT = 10_000
@@ -125,7 +126,7 @@ class _ExampleModel:
             self.reporter.error(call.span, "bad-example", "a call in an example needs its argument list",
                                 notes=["write `(...)` after the target, as in `call_module ReLU($x)`"])
         if call.op == "call_function":
-            self.targets.function_target(call.target)
+            self.targets.function_target(call.target, Position.EXAMPLE)
         elif call.op == "call_method":
             self.method_call(call)
         elif call.builder_args is not None:
@@ -142,7 +143,7 @@ class _ExampleModel:
                 self.expr(keyword.value)
 
     def method_call(self, call: A.Call) -> None:
-        self.targets.method_target(call.target)
+        self.targets.method_target(call.target, Position.EXAMPLE)
         if call.target.parts[0].startswith("_"):
             self.reporter.error(call.target.span, "bad-example", f"an example may not call `{call.target.text}`")
         if not call.args:

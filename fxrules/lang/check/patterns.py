@@ -15,6 +15,7 @@ import fxrules.lang.ast as A
 from fxrules.lang.check.calls import attribute_values, check_argument_list, check_duplicate_keywords
 from fxrules.lang.check.reporter import Reporter
 from fxrules.lang.check.scope import Bindings, report_unbound_name
+from fxrules.lang.allowlist import Position
 from fxrules.lang.check.targets import Targets
 
 
@@ -127,9 +128,9 @@ class _PatternWalk:
 
     def call(self, call: A.Call, scope: _Scope, enclosing: tuple[str, ...]) -> None:
         if call.op == "call_function":
-            self.targets.function_target(call.target)
+            self.targets.function_target(call.target, Position.PATTERN)
         elif call.op == "call_method":
-            self.targets.method_target(call.target)
+            self.targets.method_target(call.target, Position.PATTERN)
         else:
             self.module_call(call, scope)
         if call.args is not None:

@@ -15,7 +15,8 @@ import fxrules.lang.ast as A
 from fxrules.lang.check.calls import attribute_values, check_argument_list, check_duplicate_keywords
 from fxrules.lang.check.reporter import Reporter
 from fxrules.lang.check.scope import Bindings, report_unbound_capture, report_unbound_name, unwrap
-from fxrules.lang.check.targets import NEVER_CREATED, Targets
+from fxrules.lang.allowlist import Position
+from fxrules.lang.check.targets import Targets
 
 
 def check_forwarded_ellipses(reporter: Reporter, replacements: tuple[A.Expr, ...], bindings: Bindings) -> None:
@@ -96,10 +97,7 @@ class _ReplacementWalk:
         if call.op == "call_function":
             self.function_call(call.target)
         elif call.op == "call_method":
-            self.targets.method_target(call.target)
-            if call.target.parts[0].startswith("__"):
-                self.reporter.error(call.target.span, "forbidden-target",
-                                    f"a replacement may not call the dunder method `{call.target.text}`")
+            self.targets.method_target(call.target, Position.REPLACEMENT)  # the allow-list refuses dunder methods
         elif call.builder_args is not None:
             self.builder_call(call)
         elif len(call.target.parts) == 1 and call.target.parts[0] in self.bindings.names:
@@ -115,13 +113,9 @@ class _ReplacementWalk:
                 self.replacement(keyword.value, root=False)
 
     def function_call(self, target: A.Dotted) -> None:
-        """A call_function target that resolves and is not one a replacement may never create."""
-        self.targets.function_target(target)
-        path = self.targets.aliases.full_path(target) if len(target.parts) > 1 else f"builtins.{target.text}"
-        if path in NEVER_CREATED:
-            self.reporter.error(target.span, "forbidden-target",
-                                f"a replacement may not create calls to `{path}`: it reaches arbitrary attributes "
-                                f"or callables when the model runs", notes=["patterns may still match such calls"])
+        """A call_function target that resolves and is on the allow-list for replacements (which
+        refuses everything in :data:`~fxrules.lang.check.targets.NEVER_CREATED`)."""
+        self.targets.function_target(target, Position.REPLACEMENT)
 
     def matched_module_call(self, call: A.Call) -> None:
         """``call_module name(...)``: calls the module the pattern matched as ``name``, as it is."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Container, Optional
 
 import fxrules.lang.ast as A
+from fxrules.lang import allowlist
+from fxrules.lang.allowlist import Position
 from fxrules.lang.check.reporter import Reporter, closest, did_you_mean
 from fxrules.lang.check.scope import Aliases
 from fxrules.lang.names import BUILTIN_ALIASES, Resolution, Resolver, builtin_path
@@ -24,7 +26,7 @@ NEVER_CREATED = frozenset({
 """Targets a replacement may not create (nor a condition call): with them a rule could reach any
 attribute or callable at run time."""
 
-POLICY_CODES = frozenset({"import-not-allowed", "forbidden-target", "unknown-alias"})
+POLICY_CODES = frozenset({"import-not-allowed", "forbidden-target", "unknown-alias", "not-allowed"})
 """Resolution failures reported under their own code, whatever the name was used for."""
 
 
@@ -62,16 +64,28 @@ class Targets:
     def report(self, span: A.Span, resolution: Resolution, code: str) -> None:
         report_resolution(self.reporter, self.resolver, span, resolution, code, self.aliases.reported)
 
+    def refused(self, span: A.Span, refusal: Optional[str]) -> bool:
+        """Report an allow-list refusal (:mod:`fxrules.lang.allowlist`) as ``not-allowed``; whether there was one."""
+        if refusal is None:
+            return False
+        self.reporter.error(span, "not-allowed", refusal,
+                            notes=["see SECURITY.md: rule files name only what the allow-list permits"])
+        return True
+
     def constant(self, dotted: A.Dotted) -> None:
-        """A dotted constant (``torch.float32``) must resolve."""
+        """A dotted constant (``torch.float32``) must resolve, and be on the allow-list."""
         if self.aliases.is_reported(dotted):
             return
-        resolution = self.resolve(self.aliases.full_path(dotted))
+        path = self.aliases.full_path(dotted)
+        resolution = self.resolve(path)
         if resolution.is_error:
             self.report(dotted.span, resolution, "unknown-target")
+        else:
+            self.refused(dotted.span, allowlist.refuse_constant(path, self.resolver.packages))
 
-    def function_target(self, target: A.Dotted) -> None:
-        """A call_function target: a safe builtin by bare name, else a dotted path to a callable."""
+    def function_target(self, target: A.Dotted, position: Position) -> None:
+        """A call_function target: a safe builtin by bare name, else a dotted path to a callable;
+        on the allow-list for ``position``."""
         if self.aliases.is_reported(target):
             return
         head = target.parts[0]
@@ -85,6 +99,8 @@ class Targets:
         resolution = self.resolve(path)
         if resolution.is_error:
             self.report(target.span, resolution, "unknown-target")
+        elif self.refused(target.span, allowlist.refuse_function(path, position, self.resolver.packages)):
+            return
         elif resolution.ok and not callable(resolution.value):
             self.reporter.error(target.span, "unknown-target", f"`{path}` is not callable")
 
@@ -99,16 +115,20 @@ class Targets:
                             f"`{target.text}` is not a known function; name it by its dotted path",
                             notes=notes or ["for example `torch.relu`, `F.gelu`, `operator.add` or `aten.mm.default`"])
 
-    def method_target(self, target: A.Dotted) -> None:
-        """A call_method name must be a method of ``torch.Tensor`` (checked only with torch)."""
+    def method_target(self, target: A.Dotted, position: Position) -> None:
+        """A call_method name must be on the allow-list for ``position``, and a method of
+        ``torch.Tensor`` (checked only with torch, first, so a typo gets its suggestion)."""
+        name = target.parts[0]
         if not self.torch:
+            self.refused(target.span, allowlist.refuse_method(name, position))
             return
         import torch
 
-        name = target.parts[0]
         if not hasattr(torch.Tensor, name):
             self.reporter.error(target.span, "unknown-method", f"`torch.Tensor` has no method `{name}`",
                                 notes=did_you_mean(name, [n for n in dir(torch.Tensor) if not n.startswith("_")]))
+            return
+        self.refused(target.span, allowlist.refuse_method(name, position))
 
     def module_type(self, target: A.Dotted) -> Any:
         """The module class, or None when it cannot be resolved (reported) or torch is missing."""
@@ -122,15 +142,12 @@ class Targets:
         if resolution.is_error:
             self.report(target.span, resolution, "unknown-module-type")
             return None
-        if not resolution.ok:
-            return None
-        import torch
-
-        value = resolution.value
-        if not (isinstance(value, type) and issubclass(value, torch.nn.Module)):
+        if resolution.ok and not _is_module_class(resolution.value):
             self.reporter.error(target.span, "unknown-module-type", f"`{path}` is not an nn.Module subclass")
             return None
-        return value
+        if self.refused(target.span, allowlist.refuse_module_type(path, self.resolver.packages)) or not resolution.ok:
+            return None
+        return resolution.value
 
     def module_attribute(self, keyword: A.Keyword, module_class: Any, *, matched: bool) -> None:
         """An attribute (``matched``: of a matched module, which also has ``training``) or a constructor
@@ -175,6 +192,14 @@ class Targets:
         elif resolution.ok and (isinstance(resolution.value, type) or not callable(resolution.value)):
             self.reporter.error(target.span, "unknown-builder", f"`{path}` is not a builder function",
                                 notes=["a builder is a function taking matched modules and returning a new nn.Module"])
+        else:
+            self.refused(target.span, allowlist.refuse_builder(path, self.resolver.packages))
+
+
+def _is_module_class(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, type) and issubclass(value, torch.nn.Module)
 
 
 def constructor_signature(module_class: Any) -> Optional[inspect.Signature]:

@@ -1,0 +1,196 @@
+"""Generate fxrules/lang/allowlist_data.py: what rule files may name, from torch's own lists.
+
+Run with the torch the table should describe::
+
+    PYTHONPATH=. python scripts/gen_allowlist.py > /tmp/table.py && mv /tmp/table.py fxrules/lang/allowlist_data.py
+
+(not straight into the table: fxrules imports it, and a shell redirect empties it first).
+
+Sources (torch's lists of tensor functions, not a hand-written list):
+
+* functions: ``torch.overrides.get_testing_overrides()`` (every function torch dispatches
+  ``__torch_function__`` for) and ``torch.overrides.get_ignored_functions()`` (tensor factories
+  and the like), each named by the public path where it lives in ``torch``,
+  ``torch.nn.functional``, ``torch.special``, ``torch.linalg`` or ``torch.fft``; every public
+  function of ``operator`` and ``math``; a fixed list of pure builtins;
+* Tensor methods: the public methods in ``get_overridable_functions()[torch.Tensor]``;
+* operators: the op names of the ``aten`` and ``prims`` namespaces
+  (``torch._C._dispatch_get_all_op_names()``), overloads checked structurally;
+* module types: the ``nn.Module`` subclasses exported by ``torch.nn``.
+
+Then everything with an effect outside its outputs is taken out (files, processes, network,
+native libraries, global state, RNG seeding, grad mode, code execution, serialization,
+export/script/compile, callables taken and called): ``DENIED_WORDS`` and ``DENIED_NAMES`` below,
+which tests/test_security_allowlist.py re-applies to the checked-in table. The table is read
+without torch: a module of frozensets.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import math
+import operator
+import re
+import sys
+
+import torch
+import torch.overrides
+
+NAMESPACES = {
+    "torch": torch,
+    "torch.nn.functional": torch.nn.functional,
+    "torch.special": torch.special,
+    "torch.linalg": torch.linalg,
+    "torch.fft": torch.fft,
+}
+
+PURE_BUILTINS = (
+    "abs", "all", "any", "bool", "complex", "divmod", "enumerate", "float", "int", "isinstance", "len", "list",
+    "max", "min", "pow", "range", "reversed", "round", "slice", "sorted", "sum", "tuple", "zip", "dict", "str",
+)
+"""Builtins that compute from their arguments only (``getattr``/``type`` are match-only, below)."""
+
+MATCH_ONLY = (
+    "builtins.getattr", "builtins.type", "operator.attrgetter", "operator.methodcaller", "operator.itemgetter",
+    "operator.call", "builtins.print",
+)
+"""Graphs contain these (a traced ``x.shape`` is ``getattr``, a ``print`` in ``forward`` is kept): a pattern may
+match them (matching an effect is how the planner protects it), nothing may create them."""
+
+DENIED_WORDS = re.compile(
+    r"file|save|load|seed|rng|print|profil|record|hook|script|jit|compile|export|serial|pickle|^hub$|^hub_|_hub$|system|"
+    r"exec|eval|import|library|extension|distributed|process|thread|^set_|_set_|deterministic|grad_enabled|"
+    r"anomaly|storage|share|mmap|open|warn|default|vmap|^func|callback|fork|stream|sync|_debug|flush|"
+    r"inference_mode|no_grad|enable_grad|^backward$|^apply_$|^map_$|^map2_$|numpy|register|parallel|cufft|"
+    r"plan_cache|token|_test_|foobar|autocast|parse|type_comment|get_device_module|with_distance|SyncBatchNorm",
+    re.IGNORECASE,
+)
+"""Words in a name that mark an effect outside the outputs (reviewed by hand: over-refusing is safe)."""
+
+DENIED_NAMES = frozenset({
+    # take a callable and call it, or run python code
+    "torch.cond", "torch.while_loop", "torch.autograd.grad", "torch.Tensor.apply_", "torch.Tensor.map_",
+    "torch.Tensor.map2_", "torch.Tensor.backward", "torch.Tensor.retain_grad", "torch.Tensor.pin_memory",
+    "torch.Tensor.cpu_", "torch.Tensor.numpy", "torch.Tensor.data_ptr", "torch.Tensor.is_shared",
+    "torch.Tensor.is_pinned", "torch.Tensor.untyped_storage", "torch.Tensor.storage_offset",
+    # global state or process-wide queries
+    "torch.get_num_threads", "torch.get_num_interop_threads", "torch.is_grad_enabled", "torch.is_inference_mode_enabled",
+    "torch.is_anomaly_enabled", "torch.initial_seed", "torch.typename", "torch.is_storage",
+    "torch.nn.functional.handle_torch_function", "torch.nn.functional.has_torch_function",
+    "torch.nn.functional.has_torch_function_unary", "torch.nn.functional.has_torch_function_variadic",
+    "torch.nn.functional.assert_int_or_pair", "torch.nn.functional.boolean_dispatch",
+    "torch.from_numpy", "torch.frombuffer", "torch.asarray", "torch.as_tensor",
+})
+"""Names whose words look harmless but which take callables, expose memory, or read process state."""
+
+OP_NAMESPACES = ("aten", "prims")
+
+
+def denied(path: str) -> bool:
+    last = path.rsplit(".", 1)[-1]
+    return path in DENIED_NAMES or bool(DENIED_WORDS.search(last)) or bool(DENIED_WORDS.search(path.split(".")[1] if path.count(".") > 1 else ""))
+
+
+def _known(value, known: set) -> bool:
+    try:
+        return value in known
+    except TypeError:  # unhashable
+        return False
+
+
+def functions() -> set[str]:
+    # membership by equality, not identity: torch.mm is a fresh builtin object at each attribute access
+    known = set(torch.overrides.get_testing_overrides()) | set(torch.overrides.get_ignored_functions())
+    out: set[str] = set()
+    for prefix, module in NAMESPACES.items():
+        for name in dir(module):
+            if name.startswith("_"):
+                continue
+            value = getattr(module, name, None)
+            if _known(value, known) and callable(value) and not isinstance(value, type):
+                out.add(f"{prefix}.{name}")
+    for name in dir(operator):
+        if not name.startswith("_") and callable(getattr(operator, name)):
+            out.add(f"operator.{name}")
+    for name in dir(math):
+        if not name.startswith("_") and callable(getattr(math, name)):
+            out.add(f"math.{name}")
+    out |= {f"builtins.{name}" for name in PURE_BUILTINS if hasattr(builtins, name)}
+    out -= set(MATCH_ONLY)
+    return {p for p in out if not denied(p)}
+
+
+def methods() -> set[str]:
+    names = set()
+    for f in torch.overrides.get_overridable_functions()[torch.Tensor]:
+        name = getattr(f, "__name__", None)
+        if isinstance(name, str) and not name.startswith("_") and callable(getattr(torch.Tensor, name, None)):
+            names.add(name)
+    return {n for n in names if not denied(f"torch.Tensor.{n}")}
+
+
+def operators() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {ns: set() for ns in OP_NAMESPACES}
+    for qualified in torch._C._dispatch_get_all_op_names():
+        ns, _, rest = qualified.partition("::")
+        if ns in out:
+            name = rest.split(".", 1)[0]
+            if not denied(f"torch.ops.{ns}.{name}") and not name.startswith("__"):
+                out[ns].add(name)
+    return out
+
+
+def module_types() -> set[str]:
+    out = set()
+    for name in dir(torch.nn):
+        value = getattr(torch.nn, name)
+        if (not name.startswith("_") and inspect.isclass(value) and issubclass(value, torch.nn.Module)
+                and not denied(f"torch.nn.{name}")):
+            out.add(f"torch.nn.{name}")
+    return out
+
+
+CONSTANT_TYPES = ("dtype", "layout", "memory_format", "qscheme", "float", "int", "bool")
+
+
+def constants() -> set[str]:
+    """Values (not callables) a rule may name: dtypes, layouts, memory formats, numbers."""
+    out = set()
+    for prefix, module in (("torch", torch), ("math", math)):
+        for name in dir(module):
+            value = getattr(module, name, None)
+            if not name.startswith("_") and type(value).__name__ in CONSTANT_TYPES and not denied(f"{prefix}.{name}"):
+                out.add(f"{prefix}.{name}")
+    return out
+
+
+def builders() -> set[str]:
+    import fxrules.builders
+
+    return {f"fxrules.builders.{name}" for name in fxrules.builders.BUILDERS} | {"fxrules.builders.fold_aten_conv_bn"}
+
+
+def literal(name: str, values) -> str:
+    items = "".join(f"    {v!r},\n" for v in sorted(values))
+    return f"{name} = frozenset({{\n{items}}})\n"
+
+
+def main() -> None:
+    ops = operators()
+    sys.stdout.write(
+        '"""What rule files may name: generated by scripts/gen_allowlist.py; do not edit by hand.\n\n'
+        f"Made from torch {torch.__version__}. Read by fxrules.lang.allowlist without torch.\n" + '"""\n\n'
+        f"TORCH_VERSION = {torch.__version__!r}\n\n"
+        + literal("FUNCTIONS", functions()) + "\n"
+        + literal("MATCH_ONLY_FUNCTIONS", MATCH_ONLY) + "\n"
+        + literal("TENSOR_METHODS", methods()) + "\n"
+        + literal("CONSTANTS", constants()) + "\n"
+        + literal("BUILDERS", builders()) + "\n"
+        + literal("MODULE_TYPES", module_types()) + "\n"
+        + "".join(literal(f"{ns.upper()}_OPS", names) + "\n" for ns, names in ops.items())
+    )
+
+
+if __name__ == "__main__":
+    main()
