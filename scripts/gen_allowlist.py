@@ -21,7 +21,7 @@ Sources (torch's lists of tensor functions, not a hand-written list):
 Then everything with an effect outside its outputs is taken out (files, processes, network,
 native libraries, global state, RNG seeding, grad mode, code execution, serialization,
 export/script/compile, callables taken and called): ``DENIED_WORDS`` and ``DENIED_NAMES`` below,
-which tests/test_security_allowlist.py re-applies to the checked-in table. The table is read
+which tests/security/test_allowlist.py re-applies to the checked-in table. The table is read
 without torch: a module of frozensets.
 """
 

@@ -2,7 +2,7 @@
 
 ``ci`` (the default) is derandomized, so a run is reproducible and a failure
 prints a blob to replay it; ``thorough`` runs many more examples, for a local
-hunt: ``HYPOTHESIS_PROFILE=thorough pytest tests/test_parser_fuzz.py``.
+hunt: ``HYPOTHESIS_PROFILE=thorough pytest tests/lang/test_parser_fuzz.py``.
 """
 
 import os

@@ -1,6 +1,6 @@
 """The API ``fxrules apply`` and ``explain`` render: ``capture``, ``apply_and_compare``, ``compare_outputs``.
 
-The command line only parses arguments and renders these values (tests/test_cli_apply.py checks
+The command line only parses arguments and renders these values (tests/tools/test_cli_apply.py checks
 the rendering); here they are checked as a Python caller uses them.
 """
 

@@ -227,7 +227,7 @@ def _lark_rows(parser: lark.Lark) -> tuple[dict, int, int]:
     reduction) or to ``(size, reduction(rule), rule name)`` (reduce by a rule of that many
     symbols). Lark's own loop looks its callbacks up by ``Rule`` objects, whose ``__hash__``
     and ``__eq__`` are Python functions: a third of its time on long files. Raises if this
-    Lark is not laid out as expected (another version; ``tests/test_parse_speed.py`` says so).
+    Lark is not laid out as expected (another version; ``tests/lang/test_parse_speed.py`` says so).
     """
     from lark.parsers.lalr_analysis import Shift
 

@@ -15,7 +15,7 @@ in one fixed layout, so that formatting is a function of the AST alone::
 The contract with :mod:`fxrules.lang.parser` and :mod:`fxrules.lang.reductions` is the round
 trip ``parse(print_file(f)) == f`` for every ``f`` the parser produces
 (spans aside), and idempotence of ``print_file(parse(text))``.
-``tests/test_printer.py`` checks both, on the corpus and on random ASTs.
+``tests/lang/test_printer.py`` checks both, on the corpus and on random ASTs.
 
 Layout
     One item per top-level line; a named rule spans several lines (header,

@@ -23,7 +23,7 @@ from torch.testing import assert_close
 import fxrules
 from fxrules import zoo
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 EXAMPLES = HERE / "corpus" / "pass" / "language_examples.fxr"
 BUNDLED_RULES = HERE.parent / "rules"
 

@@ -26,7 +26,7 @@ from torch import nn
 
 import fxrules
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "tests.fixtures.sideeffect_pkg"
 
 # One hostile rule per line; the key is the rule, the value the diagnostic it must get.

@@ -26,10 +26,10 @@ import fxrules.tools.fmt as fmt
 from fxrules.errors import RuleFileError
 from fxrules.lang.load import parse_source
 from fxrules.lang.source import Source
-from tests.test_parser_fuzz import grammar_texts
-from tests.test_printer import rule_files
+from tests.lang.test_parser_fuzz import grammar_texts
+from tests.lang.test_printer import rule_files
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PASS = sorted([*ROOT.glob("tests/corpus/pass/**/*.fxr"), *ROOT.glob("rules/**/*.fxr")])
 FAIL = sorted(ROOT.glob("tests/corpus/fail/**/*.fxr"))
 

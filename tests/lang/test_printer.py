@@ -33,7 +33,7 @@ from fxrules.errors import RuleFileError
 from fxrules.lang.source import Source
 from tests.ast_shape import shape
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PATH = "<test>"
 
 

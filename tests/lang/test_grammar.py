@@ -8,7 +8,7 @@ import pytest
 
 import fxrules.lang.parser as parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_packaged_grammar_is_identical_to_the_source():
@@ -36,6 +36,6 @@ def test_a_2000_rule_file_parses():
     text = "".join(f"rule r{i}:\n    call_function torch.relu(call_function torch.relu($x)) -> "
                    f"call_function torch.relu($x)\n" for i in range(2000))
     src = Source("big.fxr", text)
-    rule_file = parser.parse_lark(src)  # Lark's loop: the direct one is tests/test_parse_speed.py's
+    rule_file = parser.parse_lark(src)  # Lark's loop: the direct one is tests/lang/test_parse_speed.py's
     assert len(rule_file.rules) == 2000
     assert rule_file.rules[-1].name == "r1999"

@@ -23,7 +23,7 @@ from tests.model_snapshots import assert_same_snapshot, snapshot_module, snapsho
 
 # The failing builder lives in tests/helpers_builders.py and rule text names it as
 # `tests.helpers_builders.*` (allow_imports=["tests"]): the repository root must be importable.
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -32,7 +32,7 @@ from tests.helpers_builders import BuilderBoom  # noqa: E402
 # `print` becomes a call_function node when this module's code is traced.
 torch.fx.wrap("print")
 
-EXAMPLES = Path(__file__).resolve().parent / "corpus" / "pass" / "language_examples.fxr"
+EXAMPLES = Path(__file__).resolve().parents[1] / "corpus" / "pass" / "language_examples.fxr"
 
 
 @pytest.fixture(scope="module")

@@ -28,10 +28,9 @@ import pytest
 import fxrules
 from fxrules.tools.cli import main
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from test_drawing import make_fake_dot  # noqa: E402  (the fake Graphviz: records what it is given)
+from tests.tools.test_drawing import make_fake_dot  # noqa: E402  (the fake Graphviz: records what it is given)
 
 LIBRARY = getattr(fxrules, "LIBRARY", None)
 REDUNDANT = ["--model", "fxrules.zoo:redundant"]

@@ -26,7 +26,7 @@ import pytest
 import fxrules
 from fxrules.tools.cli import main
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 ROOT = HERE.parent
 PASS_DIR = HERE / "corpus" / "pass"
 EXAMPLES = PASS_DIR / "language_examples.fxr"

@@ -49,7 +49,7 @@ from torch.testing import assert_close
 
 import fxrules
 
-RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 LIBRARY = fxrules.load_rules(RULES_DIR).select(contracts=["exact", "approx"])  # not the [changes] swaps
 NAMES = tuple(LIBRARY.names)
 

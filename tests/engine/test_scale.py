@@ -21,7 +21,7 @@ from torch.testing import assert_close
 import fxrules
 from fxrules import zoo
 
-LIBRARY = fxrules.load_rules(Path(__file__).resolve().parents[1] / "rules")
+LIBRARY = fxrules.load_rules(Path(__file__).resolve().parents[2] / "rules")
 
 
 def chain(functions, length: int) -> fx.GraphModule:

@@ -25,9 +25,9 @@ import fxrules.lang.parser as parser
 from fxrules.errors import RuleFileError
 from fxrules.lang.source import Source, read
 from tests.ast_shape import listing
-from tests.test_parser_fuzz import _nest, grammar_texts, token_soup
+from tests.lang.test_parser_fuzz import _nest, grammar_texts, token_soup
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def diagnostics(exc: RuleFileError) -> list:

@@ -17,7 +17,7 @@ import pytest
 
 from fxrules.tools.progress import Progress, progress, should_show
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeTTY(io.StringIO):

@@ -29,7 +29,7 @@ import pytest
 import fxrules
 from fxrules.tools.cli import main as cli_main
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 ROOT = HERE.parent
 FAIL_DIR = HERE / "corpus" / "fail"
 PASS_DIR = HERE / "corpus" / "pass"
@@ -85,7 +85,7 @@ def test_the_fail_corpus_is_big_enough_and_declares_expectations():
 
 def test_the_fail_corpus_covers_every_code_a_file_can_trigger():
     covered = {code for path in FAIL_FILES for code, _, _ in expectations(path)}
-    # io-error is about paths, not file contents (tests/test_cli.py covers it).
+    # io-error is about paths, not file contents (tests/tools/test_cli.py covers it).
     wanted = set(fxrules.errors.CODES) - {"io-error"}
     assert wanted - covered == set()
     assert covered - set(fxrules.errors.CODES) == set(), "an expectation names an unknown code"

@@ -24,7 +24,7 @@ from fxrules.engine.program import compile_rules
 from fxrules.engine.refusals import MissCode, Refusal, RefusalCode
 from fxrules.verifier.driver import GRADES, Grade, HostsGap, HostsNote
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 fx.wrap("print")  # traced as a call_function node, as test_safety does
 

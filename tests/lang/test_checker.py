@@ -1,6 +1,6 @@
 """Checker behaviour through the public API: diagnostics, contracts, names, RuleSet, loading.
 
-The corpus (tests/test_corpus.py) pins which code lands where for one mistake per
+The corpus (tests/lang/test_corpus.py) pins which code lands where for one mistake per
 file; these tests pin everything around it: the exact rendering users see, the
 effective contract of each rule, rule naming, the RuleSet API, what ``load_rules``
 reads, and that one run reports every problem it can.

@@ -1,7 +1,7 @@
 """The checker's parts, each on its own (fxrules.lang.check): the reporter, aliases and bindings,
 argument lists, patterns, conditions, replacements, identity, examples, names and the driver.
 
-tests/test_checker.py and tests/test_corpus.py pin what a whole file gets through the public API;
+tests/lang/test_checker.py and tests/lang/test_corpus.py pin what a whole file gets through the public API;
 these pin each piece's contract, so a piece can be changed (or given a new check) knowing what it
 must keep doing. Conditions and replacements are checked here against hand-made Bindings, with
 no pattern at all.

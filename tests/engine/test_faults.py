@@ -28,7 +28,7 @@ import tests.helpers_builders as helpers
 from fxrules import zoo
 from tests.helpers_builders import BuilderBoom
 
-RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 # Library files whose rules read no shape/dtype metadata (they apply without example inputs).
 UNTYPED_FILES = ("canonicalize/relu.fxr", "canonicalize/sigmoid.fxr", "canonicalize/tanh.fxr", "cleanup/dropout.fxr",
                  "cleanup/identity.fxr", "cleanup/neg.fxr", "cleanup/relu.fxr", "cleanup/transpose.fxr",
@@ -464,7 +464,7 @@ import json, threading
 import torch, fxrules
 from torch import fx, nn
 from fxrules import zoo
-from tests.test_faults import _PausingTracer
+from tests.engine.test_faults import _PausingTracer
 
 rules = fxrules.load_rules(RULES)
 original = (nn.Module.__call__, nn.Module.__getattr__)
@@ -518,7 +518,7 @@ def test_two_threads_tracing_at_once():
     import os
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     rules = [str(RULES_DIR / f) for f in UNTYPED_FILES]  # no typed rules: no inputs
     env = dict(os.environ)
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
