@@ -65,7 +65,7 @@ def test_round_trip_keeps_code_weights_buffers_and_outputs(tmp_path):
     assert loaded.training is False
     assert {k: v.shape for k, v in loaded.state_dict().items()} == {k: v.shape for k, v in module.state_dict().items()}
     code = (tmp_path / "saved" / "module.py").read_text()
-    assert "from test_saving import scaled_softsign" in code and "self.blocks" in code
+    assert "from tests.tools.test_saving import scaled_softsign" in code and "self.blocks" in code
     assert "Dropout" not in code and "getattr(self.blocks, \"1\")" not in code
     manifest = json.loads((tmp_path / "saved" / "manifest.json").read_text())
     assert manifest["class_name"] == "Net" and manifest["info"] == {"note": "test"} and manifest["version"] == 1
