@@ -1,6 +1,9 @@
 """Hostile rule files, one per class of attack, each run in a subprocess with memory and time limits.
 
-Each child sets RLIMIT_AS (address space) after its imports, so an attack that allocated
+Each case runs in a process of its own, forked from a server that imported torch and fxrules
+once (tests/security/forkserver.py: the cost of a new interpreter, twice per case, was most of
+this file's time); a few cases that need a fresh interpreter still start one. Each child sets
+RLIMIT_AS (address space) after its imports, so an attack that allocated
 without bound would die of MemoryError instead of taking the machine, and runs under a
 timeout, so a blocking read fails the test instead of hanging it. A marker file shows that
 no shell command or file write ran.
@@ -8,6 +11,8 @@ no shell command or file write ran.
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import subprocess
 import sys
@@ -30,16 +35,37 @@ PRELUDE = textwrap.dedent("""
 """)
 
 
+class _ForkServer:
+    """tests/security/forkserver.py, started once: each case runs in a child it forks (its own
+    process, limits and exit status) without paying for a new interpreter and torch import."""
+
+    process: "subprocess.Popen | None" = None
+
+    @classmethod
+    def ask(cls, request: dict, timeout: float) -> subprocess.CompletedProcess:
+        if cls.process is None or cls.process.poll() is not None:
+            env = dict(os.environ, PYTHONPATH=str(ROOT))
+            cls.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py"))],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+            assert cls.process.stdout.readline().strip() == "ready"
+            atexit.register(cls.process.kill)
+        cls.process.stdin.write(json.dumps({**request, "timeout": timeout, "cwd": str(ROOT)}) + "\n")
+        cls.process.stdin.flush()
+        answer = json.loads(cls.process.stdout.readline())
+        argv = request.get("args") or ["-c", request.get("code", "")]
+        if answer["timed_out"]:
+            raise subprocess.TimeoutExpired(argv, timeout, answer["stdout"], answer["stderr"])
+        return subprocess.CompletedProcess(argv, answer["returncode"], answer["stdout"], answer["stderr"])
+
+
 def _run(body: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    """``python -c PRELUDE+body`` in a process of its own (forked from the server)."""
+    return _ForkServer.ask({"kind": "code", "code": PRELUDE + textwrap.dedent(body)}, timeout)
 
 
 def _check(path: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "fxrules", "check", str(path)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    """``fxrules check PATH`` in a process of its own (forked from the server)."""
+    return _ForkServer.ask({"kind": "check", "args": [str(path)]}, timeout)
 
 
 def _codes(output: str) -> set[str]:
