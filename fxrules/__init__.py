@@ -33,6 +33,9 @@ _LAZY = {
     "compile_backend": ("fxrules.integration", "compile_backend"),
     "verify": ("fxrules.verifier.driver", "verify"),
     "VerifyReport": ("fxrules.verifier.driver", "VerifyReport"),
+    "Grade": ("fxrules.verifier.driver", "Grade"),
+    "RefusalCode": ("fxrules.engine.refusals", "RefusalCode"),
+    "MissCode": ("fxrules.engine.refusals", "MissCode"),
 }
 
 
@@ -50,7 +53,7 @@ def __getattr__(name: str):
 __all__ = [
     "LIBRARY", "CheckedRule", "Diagnostic", "FxrulesError", "ModelError", "Report", "RewriteError", "RewriteLoopError",
     "RewriteResult", "RuleFileError", "RuleSet", "apply_rules", "explain", "find_matches", "load_rules",
-    "parse_rules", "RulePass", "compile_backend", "load_saved", "verify", "VerifyReport",
+    "parse_rules", "RulePass", "compile_backend", "load_saved", "verify", "VerifyReport", "Grade", "RefusalCode", "MissCode",
     "ApplyComparison", "Capture", "ComparisonError", "OutputDifference", "Timings", "apply_and_compare", "capture",
     "compare_outputs",
 ]
