@@ -44,6 +44,10 @@ MAX_CONDITION_OPERATORS = 200
 _CONDITION_OPERATORS = {"NOT", "AND", "OR", "PLUS", "MINUS", "STAR", "SLASH", "DSLASH", "PERCENT", "DOT", "LSQB",
                         "LPAR", "EQEQ", "NOTEQ", "LT", "LE", "GT", "GE", "IN"}
 _OPEN = {"LPAR", "LSQB", "LBRACE"}
+_UNREAD = frozenset({"COMMA", "DOT", "BAR"})
+"""Separators: no reduction reads their tokens, so both loops shift None for them, not the scanner's
+``re.Match`` (~800 bytes: a slot per terminal of the scanner). A long argument list, list or dotted
+name kept one per item until its rule reduced: that was most of the memory of a file of small tokens."""
 _CLOSE = {"RPAR", "RSQB", "RBRACE"}
 
 
@@ -386,7 +390,7 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
                     raise NotDirect()
                 state = entry
                 push_state(state)
-                push_value(m)
+                push_value(None if kind in _UNREAD else m)
                 break
             size, reduce, origin = entry
             if reduce is None:  # unit rules: their value is their symbol's, only the state changes
@@ -445,6 +449,7 @@ def parse_lark(source: Source) -> A.RuleFile:
     target = Reductions(source.path, text)
     match_at = functools.partial(_match_at, table.scanner.match, text)
     callbacks: dict = dict.fromkeys(table.terminals, match_at)
+    callbacks.update(dict.fromkeys(_UNREAD, _unread))
     for rule, reduce in table.by_rule.items():
         callbacks[rule] = _hand_up if reduce is None else functools.partial(reduce, target)
     frontend = parser.parser  # Lark -> ParsingFrontend (its lexer) -> LALR_Parser -> _Parser (its table)
@@ -466,6 +471,11 @@ def parse_lark(source: Source) -> A.RuleFile:
 def _match_at(match: Callable, text: str, token: lark.Token) -> re.Match:
     """The scanner's ``re.Match`` for a token of :class:`_Lexer` (the same token: see _SCAN_FIRST)."""
     return match(text, token.start_pos)
+
+
+def _unread(token: lark.Token) -> None:
+    """A separator's value in Lark's loop, as in the direct loop (see _UNREAD)."""
+    return None
 
 
 def _hand_up(values: list) -> object:
