@@ -41,9 +41,20 @@ MAX_DEPTH = 256
 MAX_CONDITION_OPERATORS = 200
 """Operators in one condition (`where` to `->`) beyond this are a ``too-deep`` diagnostic."""
 
+MAX_STATEMENT_TOKENS = 100_000
+"""Tokens in one statement (a rule, a ``use``, an example; newlines in brackets and comments do not count)
+beyond this are a ``too-large`` diagnostic. A statement's tokens are held (as values on the parse stack, a
+few hundred bytes each) until it reduces, so this bounds what any one statement costs while it is parsed
+(SECURITY.md, "Reading"). The largest statement of the bundled library and the test corpus has a few
+hundred tokens."""
+
 _CONDITION_OPERATORS = {"NOT", "AND", "OR", "PLUS", "MINUS", "STAR", "SLASH", "DSLASH", "PERCENT", "DOT", "LSQB",
                         "LPAR", "EQEQ", "NOTEQ", "LT", "LE", "GT", "GE", "IN"}
 _OPEN = {"LPAR", "LSQB", "LBRACE"}
+_UNREAD = frozenset({"COMMA", "DOT", "BAR"})
+"""Separators: no reduction reads their tokens, so both loops shift None for them, not the scanner's
+``re.Match`` (~800 bytes: a slot per terminal of the scanner). A long argument list, list or dotted
+name kept one per item until its rule reduced: that was most of the memory of a file of small tokens."""
 _CLOSE = {"RPAR", "RSQB", "RBRACE"}
 
 
@@ -53,9 +64,12 @@ def grammar_text() -> str:
 
 
 class _TooDeep(Exception):
-    def __init__(self, token: lark.Token, what: str):
+    """A limit of the lexer's, met at ``token``: a located diagnostic of code ``code``."""
+
+    def __init__(self, token: lark.Token, what: str, code: str = "too-deep"):
         self.token = token
         self.what = what
+        self.code = code
 
 
 class _Context:
@@ -144,6 +158,7 @@ class _Lexer(lark.lexer.Lexer):
         new_token = lark.Token._future_new  # skips Token.__new__'s keyword-compatibility shim
         line, line_start = 1, 0
         operators = 0  # in the current condition: chains build nested trees, so they are bounded too
+        tokens = 0  # in the current statement
         while pos < end:
             m = match(text, pos)
             if m is None:
@@ -169,12 +184,16 @@ class _Lexer(lark.lexer.Lexer):
                 if ctx.last.type not in ("ARROW", "COLON"):  # after those, the statement goes on
                     ctx.ended, ctx.statement = ctx.statement, None
                     ctx.seen_arrow = ctx.seen_as = ctx.in_condition = False
+                    tokens = 0
             else:
                 if kind == "NAME":
                     keyword = keywords.get(value)
                     if keyword is not None and keyword in states[parser_state.position]:
                         kind = keyword
                 token = new_token(kind, value, start, line, column, line, column + len(value), pos)
+                tokens += 1
+                if tokens > MAX_STATEMENT_TOKENS:
+                    raise _TooDeep(token, f"a statement of more than {MAX_STATEMENT_TOKENS} tokens", "too-large")
                 if ctx.statement is None:
                     ctx.statement = kind
                 if kind == "WHERE":
@@ -344,6 +363,7 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
     depth = 0  # open brackets
     in_condition = False  # between `where` and `->` or the end of the statement
     operators = 0  # in the current condition
+    tokens = 0  # in the current statement
     for m in itertools.chain(scanner.finditer(text), (_EndOfInput,)):
         kind = m.lastgroup
         if kind == "NAME":  # the most common first
@@ -363,6 +383,7 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
                 continue
             if last != "ARROW" and last != "COLON":  # after those the statement goes on
                 in_condition = False
+                tokens = 0
         else:
             if kind == "ARROW":
                 in_condition = False
@@ -377,6 +398,9 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
             elif kind in _CLOSE and depth:
                 depth -= 1
         last = kind
+        tokens += 1
+        if tokens > MAX_STATEMENT_TOKENS:
+            raise NotDirect()  # too large: Lark's loop says so
         while True:
             entry = rows[state].get(kind)
             if entry is None:  # a syntax error (or `_UNLEXABLE`)
@@ -386,7 +410,7 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
                     raise NotDirect()
                 state = entry
                 push_state(state)
-                push_value(m)
+                push_value(None if kind in _UNREAD else m)
                 break
             size, reduce, origin = entry
             if reduce is None:  # unit rules: their value is their symbol's, only the state changes
@@ -445,6 +469,7 @@ def parse_lark(source: Source) -> A.RuleFile:
     target = Reductions(source.path, text)
     match_at = functools.partial(_match_at, table.scanner.match, text)
     callbacks: dict = dict.fromkeys(table.terminals, match_at)
+    callbacks.update(dict.fromkeys(_UNREAD, _unread))
     for rule, reduce in table.by_rule.items():
         callbacks[rule] = _hand_up if reduce is None else functools.partial(reduce, target)
     frontend = parser.parser  # Lark -> ParsingFrontend (its lexer) -> LALR_Parser -> _Parser (its table)
@@ -454,7 +479,7 @@ def parse_lark(source: Source) -> A.RuleFile:
     except _TooDeep as exc:
         tok = exc.token
         raise RuleFileError(
-            [Diagnostic(source.path, tok.line, tok.column, "too-deep", exc.what,
+            [Diagnostic(source.path, tok.line, tok.column, exc.code, exc.what,
                         end_line=tok.line, end_column=tok.column + 1)],
             {source.path: source.text},
         ) from None
@@ -466,6 +491,11 @@ def parse_lark(source: Source) -> A.RuleFile:
 def _match_at(match: Callable, text: str, token: lark.Token) -> re.Match:
     """The scanner's ``re.Match`` for a token of :class:`_Lexer` (the same token: see _SCAN_FIRST)."""
     return match(text, token.start_pos)
+
+
+def _unread(token: lark.Token) -> None:
+    """A separator's value in Lark's loop, as in the direct loop (see _UNREAD)."""
+    return None
 
 
 def _hand_up(values: list) -> object:

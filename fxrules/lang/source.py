@@ -73,7 +73,7 @@ def read(path: Union[str, os.PathLike]) -> Source:
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # swapped between stat and open
                 raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", "not a regular file")])
-            data = handle.read(MAX_FILE_BYTES + 1)
+            data = _read_capped(handle, info.st_size)
         if len(data) > MAX_FILE_BYTES:
             raise RuleFileError(
                 [Diagnostic(shown, 1, 1, "io-error", f"the file is over {MAX_FILE_BYTES} bytes; rule files are limited to it")]
@@ -81,6 +81,24 @@ def read(path: Union[str, os.PathLike]) -> Source:
     except OSError as exc:
         raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", f"cannot read the file: {exc.strerror or exc}")]) from None
     return decode(data, shown)
+
+
+_CHUNK = 1 << 20
+
+
+def _read_capped(handle, size: int) -> bytes:
+    """At most ``MAX_FILE_BYTES + 1`` bytes: the reported ``size`` (and one more) first, then chunks while
+    the file goes on (it grew, or its size was not reported, as for files under /proc).
+
+    Not one ``read(MAX_FILE_BYTES + 1)``: that allocates a buffer of the cap (64 MiB) for any file,
+    64 times the size of a 1 MiB file before a byte of it is parsed.
+    """
+    chunks = [handle.read(min(size, MAX_FILE_BYTES) + 1)]
+    total = len(chunks[0])
+    while chunks[-1] and total <= MAX_FILE_BYTES:
+        chunks.append(handle.read(min(_CHUNK, MAX_FILE_BYTES + 1 - total)))
+        total += len(chunks[-1])
+    return chunks[0] if len(chunks) <= 2 and not chunks[-1] else b"".join(chunks)
 
 
 def _kind(mode: int) -> str:
