@@ -15,13 +15,18 @@ answer ``{"returncode": int, "stdout": str, "stderr": str, "timed_out": bool}``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _child(request: dict, out_fd: int, err_fd: int) -> None:
@@ -94,6 +99,29 @@ def main() -> None:
         answer = _serve_one(json.loads(line))
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
+
+
+class ForkServer:
+    """The client side (used by the tests): this file run as a server, started once; each case runs in a child it forks (its own
+    process, limits and exit status) without paying for a new interpreter and torch import."""
+
+    process: "subprocess.Popen | None" = None
+
+    @classmethod
+    def ask(cls, request: dict, timeout: float) -> subprocess.CompletedProcess:
+        if cls.process is None or cls.process.poll() is not None:
+            env = dict(os.environ, PYTHONPATH=str(ROOT))
+            cls.process = subprocess.Popen([sys.executable, str(Path(__file__))],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+            assert cls.process.stdout.readline().strip() == "ready"
+            atexit.register(cls.process.kill)
+        cls.process.stdin.write(json.dumps({**request, "timeout": timeout, "cwd": str(ROOT)}) + "\n")
+        cls.process.stdin.flush()
+        answer = json.loads(cls.process.stdout.readline())
+        argv = request.get("args") or ["-c", request.get("code", "")]
+        if answer["timed_out"]:
+            raise subprocess.TimeoutExpired(argv, timeout, answer["stdout"], answer["stderr"])
+        return subprocess.CompletedProcess(argv, answer["returncode"], answer["stdout"], answer["stderr"])
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ no shell command or file write ran.
 
 from __future__ import annotations
 
-import atexit
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +18,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.security.forkserver import ForkServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,37 +35,14 @@ PRELUDE = textwrap.dedent("""
 """)
 
 
-class _ForkServer:
-    """tests/security/forkserver.py, started once: each case runs in a child it forks (its own
-    process, limits and exit status) without paying for a new interpreter and torch import."""
-
-    process: "subprocess.Popen | None" = None
-
-    @classmethod
-    def ask(cls, request: dict, timeout: float) -> subprocess.CompletedProcess:
-        if cls.process is None or cls.process.poll() is not None:
-            env = dict(os.environ, PYTHONPATH=str(ROOT))
-            cls.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py"))],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-            assert cls.process.stdout.readline().strip() == "ready"
-            atexit.register(cls.process.kill)
-        cls.process.stdin.write(json.dumps({**request, "timeout": timeout, "cwd": str(ROOT)}) + "\n")
-        cls.process.stdin.flush()
-        answer = json.loads(cls.process.stdout.readline())
-        argv = request.get("args") or ["-c", request.get("code", "")]
-        if answer["timed_out"]:
-            raise subprocess.TimeoutExpired(argv, timeout, answer["stdout"], answer["stderr"])
-        return subprocess.CompletedProcess(argv, answer["returncode"], answer["stdout"], answer["stderr"])
-
-
 def _run(body: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """``python -c PRELUDE+body`` in a process of its own (forked from the server)."""
-    return _ForkServer.ask({"kind": "code", "code": PRELUDE + textwrap.dedent(body)}, timeout)
+    return ForkServer.ask({"kind": "code", "code": PRELUDE + textwrap.dedent(body)}, timeout)
 
 
 def _check(path: Path, timeout: float = 60) -> subprocess.CompletedProcess:
     """``fxrules check PATH`` in a process of its own (forked from the server)."""
-    return _ForkServer.ask({"kind": "check", "args": [str(path)]}, timeout)
+    return ForkServer.ask({"kind": "check", "args": [str(path)]}, timeout)
 
 
 def _codes(output: str) -> set[str]:

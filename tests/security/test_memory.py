@@ -1,4 +1,5 @@
-"""Memory while loading a rule file dense with small tokens, each shape in a subprocess under RLIMIT_AS.
+"""Memory while loading a rule file dense with small tokens, each shape in a process of its own
+(forked from tests/security/forkserver.py) under RLIMIT_AS.
 
 Each child imports torch and fxrules, parses a small file (so lazy imports and the parse tables
 are done), then limits its address space to what it has plus 50 times the file's size and loads
@@ -9,13 +10,12 @@ dotted name); now each one loads, or is refused with the located `too-large` dia
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.security.forkserver import ForkServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ PRELUDE = textwrap.dedent("""
     import torch, fxrules
 
     fxrules.parse_rules("rule warm: call_function torch.add($x, [1], 1.5, k=$x) where $x.ndim in [1] -> $x\\n")
-    path, size = sys.argv[1], int(sys.argv[2])
+    path, size = PATH, SIZE
     with open("/proc/self/status") as f:
         vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + 50 * size, vm + 50 * size))
@@ -78,9 +78,8 @@ def _load_within_50x(tmp_path: Path, text: str) -> str:
     path.write_text(text, encoding="utf-8")
     size = path.stat().st_size
     assert size >= SIZE * 0.95
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-c", PRELUDE, str(path), str(size)], capture_output=True, text=True,
-                         timeout=300, env=env, cwd=ROOT)
+    code = f"PATH, SIZE = {str(path)!r}, {size}\n" + PRELUDE
+    run = ForkServer.ask({"kind": "code", "code": code}, timeout=300)  # a process of its own, forked
     assert run.returncode == 0 and run.stdout, run.stderr[-3000:]
     return run.stdout.strip()
 
