@@ -131,6 +131,12 @@ def test_a_replacement_cannot_touch_files_or_global_state(tmp_path, replacement)
     + " * ".join(["9" * 3000] * 6) + " > 0",
     "round(1, -1000000000) == 0",
     "len(\"%999999999d\" % 1) > 0",
+    # nested sharing: cheap to build, 3.6e9 items to walk (time) or to concatenate (memory)
+    "[[0] * 60000] * 60000 == [[0] * 60000] * 60000",
+    "[[[0] * 60000] * 60000] * 60000 != []",
+    "sum([[0] * 60000] * 60000, []) != []",
+    "sum([[0]] * 30000, []) != []",
+    "[\"a\" * 60000] * 60000 == [\"a\" * 60000] * 60000",
 ])
 def test_a_condition_cannot_exhaust_memory(tmp_path, condition):
     rules = tmp_path / "memory.fxr"
@@ -210,3 +216,21 @@ def test_a_string_literal_full_of_escapes_loads_within_50_times_its_size(tmp_pat
         print("loaded", len(rules))
     """, timeout=120)
     assert "loaded 1" in run.stdout, run.stderr[-2000:]
+
+
+def test_a_condition_cannot_index_a_tensor_into_a_larger_one(tmp_path):
+    # w[[[0] * 255] * 255] gathers 65,025 copies of a row: 1 GB from a 1 MB weight, per candidate
+    rules = tmp_path / "index.fxr"
+    rules.write_text("rule r: call_module Linear($x) as m where m.weight[[[0] * 255] * 255] != 0 "
+                     "-> call_function torch.sigmoid($x)\n", encoding="utf-8")
+    run = _run(f"""
+        m = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4096, 64)))
+        rules = fxrules.load_rules({str(rules)!r})
+        limit(1 << 30)
+        try:
+            fxrules.apply_rules(m, rules, example_inputs=(torch.randn(2, 4096),))
+            print("applied")
+        except fxrules.RewriteError as exc:
+            print("refused:", exc)
+    """, timeout=60)
+    assert "refused:" in run.stdout and "ConditionRefused" in run.stdout, run.stdout + run.stderr
