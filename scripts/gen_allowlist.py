@@ -81,6 +81,12 @@ DENIED_NAMES = frozenset({
     "torch.nn.functional.has_torch_function_unary", "torch.nn.functional.has_torch_function_variadic",
     "torch.nn.functional.assert_int_or_pair", "torch.nn.functional.boolean_dispatch",
     "torch.from_numpy", "torch.frombuffer", "torch.asarray", "torch.as_tensor",
+    # found by the red team: a memory address; device runtimes initialised (native libraries loaded,
+    # process-wide state); process queries; futures waited on; pinned (page-locked) memory; storage repointed
+    "torch.Tensor.const_data_ptr", "torch.Tensor.cuda", "torch.Tensor.xpu", "torch.Tensor.ipu", "torch.Tensor.mtia",
+    "torch.get_float32_matmul_precision", "torch.is_vulkan_available", "torch.wait",
+    "torch.ops.aten.pin_memory", "torch.ops.aten._pin_memory", "torch.ops.aten.is_pinned",
+    "torch.ops.aten._cudnn_init_dropout_state", "torch.ops.aten.set", "torch.ops.aten._version",
 })
 """Names whose words look harmless but which take callables, expose memory, or read process state."""
 
