@@ -234,3 +234,36 @@ def test_a_condition_cannot_index_a_tensor_into_a_larger_one(tmp_path):
             print("refused:", exc)
     """, timeout=60)
     assert "refused:" in run.stdout and "ConditionRefused" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("rule", [
+    'rule r: call_function torch.relu($x) -> call_function torch.save($x, "{marker}")',
+    'rule r: call_function torch.relu($x) -> call_function builtins.min($x, key=torch.manual_seed)',
+    'rule r: call_function torch.relu($x) -> call_method numpy($x)',
+    'rule r: call_function torch.relu($x) -> call_module torch.nn.DataParallel{{module=None}}($x)',
+    'rule r: call_function torch.relu($x) -> call_module fxrules.tools.cli.main(m)($x)',
+    'rule r: call_function torch.relu($x) -> call_function torch.add($x, torch.manual_seed)',
+])
+def test_a_rule_set_made_without_the_checker_is_refused_by_the_engine(tmp_path, rule):
+    # RuleSet and CheckedRule are public dataclasses: one can be made from a parsed AST, skipping the
+    # checker. The engine decides every name by the allow-list again when it compiles the rule.
+    marker = tmp_path / "marker"
+    run = _run(f"""
+        from fxrules.lang.parser import parse
+        from fxrules.lang.source import Source
+        from fxrules.lang.ruleset import CheckedRule, RuleSet
+        ast = parse(Source("hand.fxr", {rule.format(marker=marker)!r} + "\\n")).items[0]
+        rules = RuleSet((CheckedRule(ast.name, "changes", ast, {{}}),))
+        m = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
+        m.graph.call_function(torch.relu, (next(iter(m.graph.nodes)),))
+        m = torch.fx.GraphModule(m, m.graph)
+        limit(1 << 30)
+        try:
+            out = fxrules.apply_rules(m, rules)
+            out.module(torch.randn(2))
+            print("applied")
+        except fxrules.RuleFileError as exc:
+            print("refused", [d.code for d in exc.diagnostics])
+    """)
+    assert "refused ['not-allowed']" in run.stdout, run.stdout + run.stderr
+    assert not marker.exists()
