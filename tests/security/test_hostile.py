@@ -267,3 +267,18 @@ def test_a_rule_set_made_without_the_checker_is_refused_by_the_engine(tmp_path, 
     """)
     assert "refused ['not-allowed']" in run.stdout, run.stdout + run.stderr
     assert not marker.exists()
+
+
+def test_an_example_cannot_construct_a_huge_module(tmp_path):
+    # the constructor arguments are literals and check clean; the module would hold 6.4e9 elements (25.6 GB)
+    rules = tmp_path / "module.fxr"
+    rules.write_text(
+        "rule r [exact]: call_module Embedding($x) -> call_module Embedding{num_embeddings=3, embedding_dim=4}($x)\n"
+        "    example 0: call_module Embedding{num_embeddings=100000000, embedding_dim=64}($i) given $i: int64[2]\n",
+        encoding="utf-8")
+    run = _run(f"""
+        from fxrules.tools.cli import main
+        limit(1 << 30)
+        main(["verify", {str(rules)!r}])
+    """)
+    assert "examples construct modules of at most" in run.stdout, run.stdout + run.stderr
