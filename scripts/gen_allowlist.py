@@ -54,9 +54,14 @@ PURE_BUILTINS = (
 MATCH_ONLY = (
     "builtins.getattr", "builtins.type", "operator.attrgetter", "operator.methodcaller", "operator.itemgetter",
     "operator.call", "builtins.print",
+    # cost grows with the value, not the size of the arguments: `math.factorial(1000000000)` or
+    # `builtins.pow(10, 100000000)` in a replacement ran for hours in apply_rules' shape propagation
+    "math.factorial", "math.comb", "math.perm", "builtins.pow", "operator.pow", "operator.ipow",
+    "operator.lshift", "operator.ilshift",
 )
-"""Graphs contain these (a traced ``x.shape`` is ``getattr``, a ``print`` in ``forward`` is kept): a pattern may
-match them (matching an effect is how the planner protects it), nothing may create them."""
+"""Graphs contain these (a traced ``x.shape`` is ``getattr``, a ``print`` in ``forward`` is kept, ``x ** 2`` is
+``operator.pow``): a pattern may match them (matching an effect is how the planner protects it), nothing may create
+them: they reach arbitrary attributes or callables, or their cost grows with their arguments' values."""
 
 DENIED_WORDS = re.compile(
     r"file|save|load|seed|rng|print|profil|record|hook|script|jit|compile|export|serial|pickle|^hub$|^hub_|_hub$|system|"

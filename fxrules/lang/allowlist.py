@@ -85,7 +85,8 @@ def refuse_function(path: str, position: Position, packages: Iterable[str] = ())
         return None
     if path in MATCH_ONLY_FUNCTIONS:
         return (f"a {position.value} may not create calls to `{path}`: it reaches arbitrary attributes or "
-                f"callables when the model runs (patterns may match it)")
+                f"callables, or costs time growing with its arguments' values, when the model runs (patterns may "
+                f"match it)")
     return (f"`{path}` is not on fxrules' allow-list of call_function targets (tensor math of torch, "
             f"torch.nn.functional, torch.special, torch.linalg, torch.fft, aten/prims operators, operator, "
             f"math and pure builtins)")

@@ -111,6 +111,11 @@ def test_an_example_cannot_execute_code(tmp_path):
     'call_function builtins.min($x, key=torch.manual_seed)',
     'call_module torch.nn.DataParallel{{module=None}}($x)',
     'call_module fxrules.tools.cli.main(m)($x)',
+    # cost grows with the value: hours of CPU in apply_rules' shape propagation and in verify
+    'call_function torch.add($x, call_function math.factorial(1000000000))',
+    'call_function torch.add($x, call_function builtins.pow(10, 100000000))',
+    'call_function torch.add($x, call_function operator.lshift(1, 100000000000))',
+    'call_function torch.add($x, call_function math.comb(1000000000, 500000000))',
 ])
 def test_a_replacement_cannot_touch_files_or_global_state(tmp_path, replacement):
     marker = tmp_path / "marker"
