@@ -231,11 +231,13 @@ class RuleCompiler:
     def full(self, dotted: A.Dotted) -> str:
         return expand(dotted.parts, self.aliases) or dotted.text
 
-    def function(self, dotted: A.Dotted) -> Any:
+    def function_path(self, dotted: A.Dotted) -> str:
         if len(dotted.parts) == 1 and dotted.parts[0] not in self.aliases:
-            path = builtin_path(dotted.parts[0]) or self.full(dotted)
-        else:
-            path = self.full(dotted)
+            return builtin_path(dotted.parts[0]) or self.full(dotted)
+        return self.full(dotted)
+
+    def function(self, dotted: A.Dotted) -> Any:
+        path = self.function_path(dotted)
         self.allowed(dotted.span, allowlist.refuse_function(path, self.position, self.resolver.packages))
         return self.resolve(path, dotted.span, "unknown-target")
 
@@ -322,6 +324,7 @@ class RuleCompiler:
     def call_replacement(self, call: A.Call, root_index: int) -> RCall:
         if call.op == "call_function":
             target: Any = self.function(call.target)
+            self.allowed(call.target.span, allowlist.refuse_literal_call(self.function_path(call.target), call))
         elif call.op == "call_method":
             self.allowed(call.target.span, allowlist.refuse_method(call.target.parts[0], self.position))
             target = call.target.parts[0]

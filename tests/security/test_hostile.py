@@ -116,6 +116,12 @@ def test_an_example_cannot_execute_code(tmp_path):
     'call_function torch.add($x, call_function builtins.pow(10, 100000000))',
     'call_function torch.add($x, call_function operator.lshift(1, 100000000000))',
     'call_function torch.add($x, call_function math.comb(1000000000, 500000000))',
+    # Python values from literals only: hours (sum, max, fsum) or gigabytes (list, *) in shape propagation
+    'call_function torch.add($x, call_function builtins.sum(call_function builtins.range(1000000000000)))',
+    'call_function torch.add($x, call_function builtins.max(call_function builtins.range(10000000000)))',
+    'call_function torch.add($x, call_function math.fsum(call_function builtins.range(10000000000)))',
+    'call_function torch.add($x, call_function builtins.len(call_function operator.mul([0], 10000000000)))',
+    'call_function torch.add($x, call_function len(call_function list(call_function range(10000000000))))',
 ])
 def test_a_replacement_cannot_touch_files_or_global_state(tmp_path, replacement):
     marker = tmp_path / "marker"
