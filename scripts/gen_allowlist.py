@@ -54,9 +54,14 @@ PURE_BUILTINS = (
 MATCH_ONLY = (
     "builtins.getattr", "builtins.type", "operator.attrgetter", "operator.methodcaller", "operator.itemgetter",
     "operator.call", "builtins.print",
+    # cost grows with the value, not the size of the arguments: `math.factorial(1000000000)` or
+    # `builtins.pow(10, 100000000)` in a replacement ran for hours in apply_rules' shape propagation
+    "math.factorial", "math.comb", "math.perm", "builtins.pow", "operator.pow", "operator.ipow",
+    "operator.lshift", "operator.ilshift",
 )
-"""Graphs contain these (a traced ``x.shape`` is ``getattr``, a ``print`` in ``forward`` is kept): a pattern may
-match them (matching an effect is how the planner protects it), nothing may create them."""
+"""Graphs contain these (a traced ``x.shape`` is ``getattr``, a ``print`` in ``forward`` is kept, ``x ** 2`` is
+``operator.pow``): a pattern may match them (matching an effect is how the planner protects it), nothing may create
+them: they reach arbitrary attributes or callables, or their cost grows with their arguments' values."""
 
 DENIED_WORDS = re.compile(
     r"file|save|load|seed|rng|print|profil|record|hook|script|jit|compile|export|serial|pickle|^hub$|^hub_|_hub$|system|"
@@ -81,6 +86,12 @@ DENIED_NAMES = frozenset({
     "torch.nn.functional.has_torch_function_unary", "torch.nn.functional.has_torch_function_variadic",
     "torch.nn.functional.assert_int_or_pair", "torch.nn.functional.boolean_dispatch",
     "torch.from_numpy", "torch.frombuffer", "torch.asarray", "torch.as_tensor",
+    # found by the red team: a memory address; device runtimes initialised (native libraries loaded,
+    # process-wide state); process queries; futures waited on; pinned (page-locked) memory; storage repointed
+    "torch.Tensor.const_data_ptr", "torch.Tensor.cuda", "torch.Tensor.xpu", "torch.Tensor.ipu", "torch.Tensor.mtia",
+    "torch.get_float32_matmul_precision", "torch.is_vulkan_available", "torch.wait",
+    "torch.ops.aten.pin_memory", "torch.ops.aten._pin_memory", "torch.ops.aten.is_pinned",
+    "torch.ops.aten._cudnn_init_dropout_state", "torch.ops.aten.set", "torch.ops.aten._version",
 })
 """Names whose words look harmless but which take callables, expose memory, or read process state."""
 

@@ -40,7 +40,9 @@ from fxrules.engine.predicates import PREDICATES
 from fxrules.lang.names import CONDITION_FUNCTIONS
 
 MAX_SEQUENCE = 1 << 16
-"""The most items (or characters) a list, tuple or string built by a condition may have."""
+"""The most items (or characters) a list, tuple or string built by a condition may have, nested items
+counted: ``[[0] * 60000] * 60000`` holds 60,000 references to one list, cheap to build, but comparing
+or concatenating it walks 3.6e9 items, so a sequence's budget is its :func:`_weight`."""
 
 MAX_INT_BITS = 1 << 14
 """The most bits an integer computed by a condition may have (a 4,000-digit literal has 13,288)."""
@@ -214,11 +216,14 @@ class Evaluator:
             base = self.value(cond.value)
             if isinstance(base, fx.Node):
                 base = self.node_value(base)
-            return base[self.value(cond.index)]
+            index = self.value(cond.index)
+            if isinstance(base, torch.Tensor):
+                _check_tensor_index(base, index)
+            return _bounded(base[index])
         if kind is A.CCall:
             return self.call(cond)
         if kind is A.CList:
-            return _bounded([self.value(i) for i in cond.items])
+            return _bounded([self.value(i) for i in cond.items])  # each item is bounded: its weight is cheap
         if kind is A.CUnary:
             if cond.op == "not":
                 return not self.truth(cond.operand)
@@ -296,19 +301,39 @@ def _size(value: Any) -> int:
     return 1
 
 
+def _weight(value: Any) -> int:
+    """The items a sequence stands for, nested sequences' items included (each occurrence counted).
+
+    What walking the value costs (comparing, concatenating, ``in``), whatever its sharing. Every
+    sequence a condition builds is checked against :data:`MAX_SEQUENCE` by this measure, so walking
+    an operand stops early: at most ``MAX_SEQUENCE + 1`` items are visited.
+    """
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if not isinstance(value, (list, tuple)):
+        return 1
+    total = len(value)
+    for item in value:
+        if total > MAX_SEQUENCE:
+            break
+        if isinstance(item, _SEQUENCES):
+            total += _weight(item)
+    return total
+
+
 def _check_binary(op: str, left: Any, right: Any) -> None:
     """Refuse, before computing it, a result beyond the budget."""
     if op == "*":
         if isinstance(left, _SEQUENCES) or isinstance(right, _SEQUENCES):
             seq, count = (left, right) if isinstance(left, _SEQUENCES) else (right, left)
-            if isinstance(count, int) and len(seq) * max(count, 0) > MAX_SEQUENCE:
+            if isinstance(count, int) and _weight(seq) * max(count, 0) > MAX_SEQUENCE:
                 raise ConditionRefused(f"a condition may build sequences of at most {MAX_SEQUENCE} items "
-                                       f"(repeating {len(seq)} items {count} times)")
+                                       f"(repeating {_weight(seq)} items {count} times)")
         elif isinstance(left, int) and isinstance(right, int):
             if abs(left).bit_length() + abs(right).bit_length() > MAX_INT_BITS:
                 raise ConditionRefused(f"a condition may compute integers of at most {MAX_INT_BITS} bits")
     elif op == "+" and isinstance(left, _SEQUENCES) and isinstance(right, _SEQUENCES):
-        if len(left) + len(right) > MAX_SEQUENCE:
+        if _weight(left) + _weight(right) > MAX_SEQUENCE:
             raise ConditionRefused(f"a condition may build sequences of at most {MAX_SEQUENCE} items")
     elif op == "%" and isinstance(left, (str, bytes)):
         raise ConditionRefused("a condition may not format strings with `%`")
@@ -332,21 +357,40 @@ def _check_broadcast(left: Any, right: Any) -> None:
         raise ConditionRefused(f"a condition may not broadcast tensors into {numel} elements")
 
 
+def _check_tensor_index(base: torch.Tensor, index: Any) -> None:
+    """Indexing a tensor with lists gathers a copy (``w[[[0] * 255] * 255]`` is 65,025 rows of ``w``):
+    the result may not be larger than the tensor (or the sequence budget), decided on the meta device."""
+    try:
+        numel = torch.empty(base.shape, dtype=base.dtype, device="meta")[index].numel()
+    except Exception:  # noqa: BLE001 - a boolean mask (data-dependent) or a bad index: never larger than the tensor
+        return
+    if numel > max(MAX_SEQUENCE, base.numel()):
+        raise ConditionRefused(f"a condition may not index a tensor of {base.numel()} elements into {numel}")
+
+
 _ITERATING = frozenset({"tuple", "sum", "all", "any", "min", "max"})
 
 
 def _check_builtin(name: str, args: list) -> None:
     if name in _ITERATING and any(_size(a) > MAX_SEQUENCE for a in args if isinstance(a, torch.Tensor)):
         raise ConditionRefused(f"`{name}` in a condition may iterate over at most {MAX_SEQUENCE} items")
+    if name == "sum" and any(isinstance(a, _SEQUENCES) for a in args[1:] + _items(args)):
+        # sum(lists, []) concatenates one by one: quadratic, and its result is not built by `+`'s check
+        raise ConditionRefused("`sum` in a condition adds numbers, not sequences")
     if name == "round" and len(args) > 1 and isinstance(args[1], int) and abs(args[1]) > MAX_NDIGITS:
         raise ConditionRefused(f"`round` in a condition takes at most {MAX_NDIGITS} digits")
+
+
+def _items(args: list) -> list:
+    """The items of a sequence argument (what ``sum`` adds), none for anything else."""
+    return list(args[0]) if args and isinstance(args[0], (list, tuple)) else []
 
 
 def _bounded(value: Any) -> Any:
     """A computed value, checked against the budget (sizes that were checked before are checked again)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > MAX_INT_BITS:
         raise ConditionRefused(f"a condition may compute integers of at most {MAX_INT_BITS} bits")
-    if isinstance(value, _SEQUENCES) and len(value) > MAX_SEQUENCE:
+    if isinstance(value, _SEQUENCES) and _weight(value) > MAX_SEQUENCE:
         raise ConditionRefused(f"a condition may build sequences of at most {MAX_SEQUENCE} items")
     return value
 

@@ -18,6 +18,8 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import fxrules.lang.ast as A
 import fxrules.engine.signatures as signatures
+from fxrules.lang import allowlist
+from fxrules.lang.allowlist import Position
 from fxrules.lang.diagnostics import Diagnostic, RuleFileError
 from fxrules.lang.names import builtin_path, expand
 from fxrules.lang.ruleset import CheckedRule, RuleSet
@@ -192,14 +194,32 @@ _METADATA_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "numel", "is_co
 
 
 class RuleCompiler:
+    """Turns one checked rule into a :class:`Program`.
+
+    Every name is decided by the allow-list again here (``not-allowed``), before it is
+    resolved: a RuleSet is a public dataclass and a CheckedRule can be made from a parsed AST
+    without the checker, so the engine does not take "checked" on trust (defence in depth;
+    the checker reports the same refusals, located, for every file it reads).
+    """
+
     def __init__(self, rule: CheckedRule, rule_set: RuleSet):
         self.rule = rule
         self.resolver = rule_set.resolver
         self.aliases = rule.aliases
         self.sources = rule_set.sources
+        self.position = Position.PATTERN
 
     def fail(self, span: A.Span, code: str, message: str) -> RuleFileError:
         return RuleFileError([Diagnostic.at(span, code, message)], dict(self.sources))
+
+    def allowed(self, span: A.Span, refusal: Optional[str]) -> None:
+        if refusal is not None:
+            raise self.fail(span, "not-allowed", refusal)
+
+    def constant(self, dotted: A.Dotted, span: A.Span) -> Any:
+        path = self.full(dotted)
+        self.allowed(span, allowlist.refuse_constant(path, self.resolver.packages))
+        return self.resolve(path, span, "unknown-target")
 
     def resolve(self, path: str, span: A.Span, code: str) -> Any:
         resolution = self.resolver.resolve(path)
@@ -211,11 +231,14 @@ class RuleCompiler:
     def full(self, dotted: A.Dotted) -> str:
         return expand(dotted.parts, self.aliases) or dotted.text
 
-    def function(self, dotted: A.Dotted) -> Any:
+    def function_path(self, dotted: A.Dotted) -> str:
         if len(dotted.parts) == 1 and dotted.parts[0] not in self.aliases:
-            path = builtin_path(dotted.parts[0]) or self.full(dotted)
-        else:
-            path = self.full(dotted)
+            return builtin_path(dotted.parts[0]) or self.full(dotted)
+        return self.full(dotted)
+
+    def function(self, dotted: A.Dotted) -> Any:
+        path = self.function_path(dotted)
+        self.allowed(dotted.span, allowlist.refuse_function(path, self.position, self.resolver.packages))
         return self.resolve(path, dotted.span, "unknown-target")
 
     def module_class(self, dotted: A.Dotted) -> type:
@@ -223,6 +246,7 @@ class RuleCompiler:
             path = "torch.nn." + dotted.parts[0]
         else:
             path = self.full(dotted)
+        self.allowed(dotted.span, allowlist.refuse_module_type(path, self.resolver.packages))
         return self.resolve(path, dotted.span, "unknown-module-type")
 
     # -- patterns ----------------------------------------------------------------
@@ -236,8 +260,7 @@ class RuleCompiler:
         if isinstance(expr, A.Name):
             if len(expr.dotted.parts) == 1:
                 return PRef(expr.dotted.parts[0], expr.span)
-            return PConst(self.resolve(self.full(expr.dotted), expr.span, "unknown-target"), expr.dotted.text,
-                          expr.span)
+            return PConst(self.constant(expr.dotted, expr.span), expr.dotted.text, expr.span)
         if isinstance(expr, (A.ListExpr, A.TupleExpr)):
             return PSeq(tuple(self.pattern(i) for i in expr.items), expr.span)
         if isinstance(expr, A.Alt):
@@ -257,6 +280,7 @@ class RuleCompiler:
             targets: tuple = (self.function(call.target),)
             sigs = signatures.for_function(targets[0])
         elif call.op == "call_method":
+            self.allowed(call.target.span, allowlist.refuse_method(call.target.parts[0], self.position))
             targets = (call.target.parts[0],)
             sigs = signatures.for_method(call.target.parts[0])
         else:
@@ -286,7 +310,7 @@ class RuleCompiler:
         if isinstance(expr, A.Name):
             if len(expr.dotted.parts) == 1:
                 return RValue(expr.dotted.parts[0], False)
-            return RLiteral(self.resolve(self.full(expr.dotted), expr.span, "unknown-target"))
+            return RLiteral(self.constant(expr.dotted, expr.span))
         if isinstance(expr, A.ListExpr):
             return RSeq(tuple(self.replacement(i, root_index) for i in expr.items), list)
         if isinstance(expr, A.TupleExpr):
@@ -300,9 +324,12 @@ class RuleCompiler:
     def call_replacement(self, call: A.Call, root_index: int) -> RCall:
         if call.op == "call_function":
             target: Any = self.function(call.target)
+            self.allowed(call.target.span, allowlist.refuse_literal_call(self.function_path(call.target), call))
         elif call.op == "call_method":
+            self.allowed(call.target.span, allowlist.refuse_method(call.target.parts[0], self.position))
             target = call.target.parts[0]
         elif call.builder_args is not None:
+            self.allowed(call.target.span, allowlist.refuse_builder(self.full(call.target), self.resolver.packages))
             function = self.resolve(self.full(call.target), call.target.span, "unknown-builder")
             # matched module names, and captures as "$name" (their values: parameters or constants)
             target = RBuilder(function, call.target.text, tuple(
@@ -322,7 +349,9 @@ class RuleCompiler:
     def program(self) -> Program:
         ast = self.rule.ast
         self.bound_names = _bound_names(ast.patterns)
+        self.position = Position.PATTERN
         roots = tuple(self.pattern(p) for p in ast.patterns)
+        self.position = Position.REPLACEMENT
         replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
                        any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]),

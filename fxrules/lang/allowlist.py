@@ -21,6 +21,7 @@ import enum
 import re
 from typing import Iterable, Optional
 
+import fxrules.lang.ast as A
 from fxrules.lang import allowlist_data as _data
 
 TORCH_VERSION = _data.TORCH_VERSION
@@ -85,7 +86,8 @@ def refuse_function(path: str, position: Position, packages: Iterable[str] = ())
         return None
     if path in MATCH_ONLY_FUNCTIONS:
         return (f"a {position.value} may not create calls to `{path}`: it reaches arbitrary attributes or "
-                f"callables when the model runs (patterns may match it)")
+                f"callables, or costs time growing with its arguments' values, when the model runs (patterns may "
+                f"match it)")
     return (f"`{path}` is not on fxrules' allow-list of call_function targets (tensor math of torch, "
             f"torch.nn.functional, torch.special, torch.linalg, torch.fft, aten/prims operators, operator, "
             f"math and pure builtins)")
@@ -129,6 +131,35 @@ def refuse_condition_call(path: str, packages: Iterable[str] = ()) -> Optional[s
         return None
     return (f"a condition may not call `{path}`: conditions call the built-in predicates, the pure builtins "
             f"they know by bare name, and functions of packages allowed with --allow-import")
+
+
+PYTHON_ROOTS = ("builtins", "operator", "math")
+"""Modules whose functions compute on Python values (not tensors): their cost is the values'."""
+
+
+def _literal_only(expr: object) -> bool:
+    """An expression made of literals, constants and calls on them only: its value is the rule file's alone."""
+    if isinstance(expr, (A.Literal, A.Name)):
+        return True
+    if isinstance(expr, (A.ListExpr, A.TupleExpr)):
+        return all(_literal_only(item) for item in expr.items)
+    if isinstance(expr, A.Call) and expr.op == "call_function" and expr.args is not None:
+        return (all(_literal_only(a) for a in expr.args if not isinstance(a, A.Ellipsis_))
+                and all(_literal_only(k.value) for k in expr.kwargs))
+    return False
+
+
+def refuse_literal_call(path: str, call: A.Call) -> Optional[str]:
+    """A replacement's or example's call of a ``builtins``/``operator``/``math`` function on literals only.
+
+    Its value depends on the rule file alone, so the author can write it; computed, it runs when the
+    rewritten model runs *and* in apply_rules' shape propagation, where ``builtins.sum(builtins.range(10**12))``
+    or ``operator.mul([0], 10**10)`` cost hours or gigabytes from a few bytes of file.
+    """
+    if path.split(".", 1)[0] not in PYTHON_ROOTS or not call.args and not call.kwargs or not _literal_only(call):
+        return None
+    return (f"a rule may not call `{path}` on literals only: its value depends on the rule file alone (write the "
+            f"value), and computing it can cost unbounded time or memory")
 
 
 def packages_of(allow_imports: Iterable[str]) -> frozenset:

@@ -17,7 +17,14 @@ from torch import fx, nn
 
 import fxrules.lang.ast as A
 from fxrules.engine.program import RCall, RLiteral, RNewModule, RSeq, RValue, RuleCompiler
+from fxrules.lang.allowlist import Position
+from fxrules.lang.check.examples import MAX_EXAMPLE_DIMENSIONS, MAX_EXAMPLE_ELEMENTS, MAX_EXAMPLE_SIZE
 from fxrules.lang.ruleset import CheckedRule, RuleSet
+
+MAX_MODULE_ELEMENTS = 1 << 24
+"""The most parameter and buffer elements a module an example constructs may hold (64 MB of float32):
+``Embedding{num_embeddings=100000000, embedding_dim=64}`` checks clean (its arguments are literals) but
+would allocate 25.6 GB, so the module is first built on the meta device and counted."""
 
 DEFAULT_DTYPE = "float32"
 
@@ -62,6 +69,7 @@ def make_tensor(spec: A.InputSpec, generator: torch.Generator) -> torch.Tensor:
 def build_example(rule: CheckedRule, rule_set: RuleSet, example: A.Example, *, seed: int = 0) -> ExampleModel:
     """Build ``example`` of ``rule`` (its names resolve as the rule's do). Raises RuleFileError on a bad name."""
     compiler = RuleCompiler(rule, rule_set)
+    compiler.position = Position.EXAMPLE  # names decided as an example's (not a pattern's) by the allow-list
     compiler.bound_names = set()
     buffers = _buffer_names(example)
     generator = torch.Generator().manual_seed(seed)
@@ -70,6 +78,7 @@ def build_example(rule: CheckedRule, rule_set: RuleSet, example: A.Example, *, s
     values: dict[str, fx.Node] = {}
     inputs = []
     for spec in example.inputs:
+        _check_input_size(spec)  # the checker's limits, again: a RuleSet can be made without it
         tensor = make_tensor(spec, generator)
         if spec.name in buffers:
             root.register_buffer(spec.name, tensor)
@@ -130,7 +139,9 @@ class _Emitter:
             spec = item.target
             if not isinstance(spec, RNewModule):  # pragma: no cover - the checker refuses builders
                 raise TypeError("an example constructs its modules")
-            module = spec.cls(**{name: self.value(v) for name, v in spec.attrs})
+            attrs = {name: self.value(v) for name, v in spec.attrs}
+            _check_module_size(spec.cls, attrs)
+            module = spec.cls(**attrs)
             name = f"{_snake(spec.cls.__name__)}_{self.modules}"
             self.modules += 1
             self.root.add_module(name, module)
@@ -147,3 +158,23 @@ def _snake(name: str) -> str:
             out.append("_")
         out.append(ch.lower())
     return "".join(out)
+
+
+def _check_input_size(spec: A.InputSpec) -> None:
+    elements = 1
+    for d in spec.shape:
+        elements *= d
+    if (len(spec.shape) > MAX_EXAMPLE_DIMENSIONS or any(d > MAX_EXAMPLE_SIZE for d in spec.shape)
+            or elements > MAX_EXAMPLE_ELEMENTS):
+        raise ValueError(f"example input `${spec.name}` is over the example limits ({MAX_EXAMPLE_DIMENSIONS} dimensions, "
+                         f"{MAX_EXAMPLE_SIZE} per dimension, {MAX_EXAMPLE_ELEMENTS} elements)")
+
+
+def _check_module_size(cls: type, attrs: dict) -> None:
+    """Build the module on the meta device (no memory) and count what the real one would allocate."""
+    with torch.device("meta"):
+        module = cls(**attrs)
+    elements = sum(t.numel() for t in module.parameters()) + sum(t.numel() for t in module.buffers())
+    if elements > MAX_MODULE_ELEMENTS:
+        raise ValueError(f"an example's `{cls.__name__}` would hold {elements} elements; examples construct "
+                         f"modules of at most {MAX_MODULE_ELEMENTS}")

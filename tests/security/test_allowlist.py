@@ -114,6 +114,13 @@ KNOWN_BAD = (
     "builtins.input", "builtins.breakpoint", "builtins.print", "builtins.type", "builtins.object",
     "operator.attrgetter", "operator.methodcaller", "operator.call", "operator.itemgetter",
     "fxrules.apply_rules", "fxrules.load_rules", "fxrules.tools.cli.main", "fxrules.testing.check_rule",
+    # red team: a memory address, device runtimes initialised, process queries, futures, pinned memory,
+    # storage repointed
+    "torch.Tensor.const_data_ptr", "torch.Tensor.cuda", "torch.Tensor.xpu", "torch.Tensor.ipu", "torch.Tensor.mtia",
+    "torch.get_float32_matmul_precision", "torch.is_vulkan_available", "torch.wait",
+    "torch.ops.aten.pin_memory", "torch.ops.aten._pin_memory", "torch.ops.aten.is_pinned",
+    "torch.ops.aten._cudnn_init_dropout_state", "torch.ops.aten.set", "torch.ops.aten.set.source_Tensor",
+    "torch.ops.aten._version",
 )
 
 

@@ -114,6 +114,17 @@ def test_an_example_cannot_execute_code(tmp_path):
     'call_function builtins.min($x, key=torch.manual_seed)',
     'call_module torch.nn.DataParallel{{module=None}}($x)',
     'call_module fxrules.tools.cli.main(m)($x)',
+    # cost grows with the value: hours of CPU in apply_rules' shape propagation and in verify
+    'call_function torch.add($x, call_function math.factorial(1000000000))',
+    'call_function torch.add($x, call_function builtins.pow(10, 100000000))',
+    'call_function torch.add($x, call_function operator.lshift(1, 100000000000))',
+    'call_function torch.add($x, call_function math.comb(1000000000, 500000000))',
+    # Python values from literals only: hours (sum, max, fsum) or gigabytes (list, *) in shape propagation
+    'call_function torch.add($x, call_function builtins.sum(call_function builtins.range(1000000000000)))',
+    'call_function torch.add($x, call_function builtins.max(call_function builtins.range(10000000000)))',
+    'call_function torch.add($x, call_function math.fsum(call_function builtins.range(10000000000)))',
+    'call_function torch.add($x, call_function builtins.len(call_function operator.mul([0], 10000000000)))',
+    'call_function torch.add($x, call_function len(call_function list(call_function range(10000000000))))',
 ])
 def test_a_replacement_cannot_touch_files_or_global_state(tmp_path, replacement):
     marker = tmp_path / "marker"
@@ -134,6 +145,12 @@ def test_a_replacement_cannot_touch_files_or_global_state(tmp_path, replacement)
     + " * ".join(["9" * 3000] * 6) + " > 0",
     "round(1, -1000000000) == 0",
     "len(\"%999999999d\" % 1) > 0",
+    # nested sharing: cheap to build, 3.6e9 items to walk (time) or to concatenate (memory)
+    "[[0] * 60000] * 60000 == [[0] * 60000] * 60000",
+    "[[[0] * 60000] * 60000] * 60000 != []",
+    "sum([[0] * 60000] * 60000, []) != []",
+    "sum([[0]] * 30000, []) != []",
+    "[\"a\" * 60000] * 60000 == [\"a\" * 60000] * 60000",
 ])
 def test_a_condition_cannot_exhaust_memory(tmp_path, condition):
     rules = tmp_path / "memory.fxr"
@@ -213,3 +230,69 @@ def test_a_string_literal_full_of_escapes_loads_within_50_times_its_size(tmp_pat
         print("loaded", len(rules))
     """, timeout=120)
     assert "loaded 1" in run.stdout, run.stderr[-2000:]
+
+
+def test_a_condition_cannot_index_a_tensor_into_a_larger_one(tmp_path):
+    # w[[[0] * 255] * 255] gathers 65,025 copies of a row: 1 GB from a 1 MB weight, per candidate
+    rules = tmp_path / "index.fxr"
+    rules.write_text("rule r: call_module Linear($x) as m where m.weight[[[0] * 255] * 255] != 0 "
+                     "-> call_function torch.sigmoid($x)\n", encoding="utf-8")
+    run = _run(f"""
+        m = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4096, 64)))
+        rules = fxrules.load_rules({str(rules)!r})
+        limit(1 << 30)
+        try:
+            fxrules.apply_rules(m, rules, example_inputs=(torch.randn(2, 4096),))
+            print("applied")
+        except fxrules.RewriteError as exc:
+            print("refused:", exc)
+    """, timeout=60)
+    assert "refused:" in run.stdout and "ConditionRefused" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("rule", [
+    'rule r: call_function torch.relu($x) -> call_function torch.save($x, "{marker}")',
+    'rule r: call_function torch.relu($x) -> call_function builtins.min($x, key=torch.manual_seed)',
+    'rule r: call_function torch.relu($x) -> call_method numpy($x)',
+    'rule r: call_function torch.relu($x) -> call_module torch.nn.DataParallel{{module=None}}($x)',
+    'rule r: call_function torch.relu($x) -> call_module fxrules.tools.cli.main(m)($x)',
+    'rule r: call_function torch.relu($x) -> call_function torch.add($x, torch.manual_seed)',
+])
+def test_a_rule_set_made_without_the_checker_is_refused_by_the_engine(tmp_path, rule):
+    # RuleSet and CheckedRule are public dataclasses: one can be made from a parsed AST, skipping the
+    # checker. The engine decides every name by the allow-list again when it compiles the rule.
+    marker = tmp_path / "marker"
+    run = _run(f"""
+        from fxrules.lang.parser import parse
+        from fxrules.lang.source import Source
+        from fxrules.lang.ruleset import CheckedRule, RuleSet
+        ast = parse(Source("hand.fxr", {rule.format(marker=marker)!r} + "\\n")).items[0]
+        rules = RuleSet((CheckedRule(ast.name, "changes", ast, {{}}),))
+        m = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.ReLU()))
+        m.graph.call_function(torch.relu, (next(iter(m.graph.nodes)),))
+        m = torch.fx.GraphModule(m, m.graph)
+        limit(1 << 30)
+        try:
+            out = fxrules.apply_rules(m, rules)
+            out.module(torch.randn(2))
+            print("applied")
+        except fxrules.RuleFileError as exc:
+            print("refused", [d.code for d in exc.diagnostics])
+    """)
+    assert "refused ['not-allowed']" in run.stdout, run.stdout + run.stderr
+    assert not marker.exists()
+
+
+def test_an_example_cannot_construct_a_huge_module(tmp_path):
+    # the constructor arguments are literals and check clean; the module would hold 6.4e9 elements (25.6 GB)
+    rules = tmp_path / "module.fxr"
+    rules.write_text(
+        "rule r [exact]: call_module Embedding($x) -> call_module Embedding{num_embeddings=3, embedding_dim=4}($x)\n"
+        "    example 0: call_module Embedding{num_embeddings=100000000, embedding_dim=64}($i) given $i: int64[2]\n",
+        encoding="utf-8")
+    run = _run(f"""
+        from fxrules.tools.cli import main
+        limit(1 << 30)
+        main(["verify", {str(rules)!r}])
+    """)
+    assert "examples construct modules of at most" in run.stdout, run.stdout + run.stderr

@@ -127,6 +127,7 @@ class _ExampleModel:
                                 notes=["write `(...)` after the target, as in `call_module ReLU($x)`"])
         if call.op == "call_function":
             self.targets.function_target(call.target, Position.EXAMPLE)
+            self.targets.literal_call(call, Position.EXAMPLE)
         elif call.op == "call_method":
             self.method_call(call)
         elif call.builder_args is not None:

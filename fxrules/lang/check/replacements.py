@@ -96,6 +96,7 @@ class _ReplacementWalk:
                                 notes=["give it arguments, as in `call_function torch.relu($x)`"])
         if call.op == "call_function":
             self.function_call(call.target)
+            self.targets.literal_call(call, Position.REPLACEMENT)
         elif call.op == "call_method":
             self.targets.method_target(call.target, Position.REPLACEMENT)  # the allow-list refuses dunder methods
         elif call.builder_args is not None:

@@ -104,6 +104,18 @@ class Targets:
         elif resolution.ok and not callable(resolution.value):
             self.reporter.error(target.span, "unknown-target", f"`{path}` is not callable")
 
+    def literal_call(self, call: A.Call, position: Position) -> None:
+        """A builtins/operator/math call on literals only (:func:`fxrules.lang.allowlist.refuse_literal_call`);
+        once per target: a function the allow-list refuses is reported by :meth:`function_target`."""
+        target = call.target
+        head = target.parts[0]
+        if len(target.parts) == 1 and head not in self.aliases.paths and head not in BUILTIN_ALIASES:
+            path = builtin_path(head) or target.text
+        else:
+            path = self.aliases.full_path(target)
+        if allowlist.function_allowed(path, position, self.resolver.packages):
+            self.refused(target.span, allowlist.refuse_literal_call(path, call))
+
     def unknown_bare_function(self, target: A.Dotted) -> None:
         notes = []
         if self.torch:
