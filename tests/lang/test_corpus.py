@@ -17,6 +17,8 @@ because each subprocess pays for importing torch.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -183,7 +185,10 @@ SAMPLES = ["syntax_missing_arrow.fxr", "unbound_capture_replacement.fxr", "binar
 
 @pytest.fixture(scope="module")
 def corpus_runs():
-    """The subprocess runs this module needs, started together (each imports torch)."""
+    """The command-line runs this module needs, each ``fxrules.tools.cli.main(argv)`` in process
+    (tests/tools/ starts a fresh interpreter where that is the point): exit code, stdout, stderr."""
+    from fxrules.tools.cli import main
+
     commands = {
         "json": ["check", "--format", "json", os.fspath(FAIL_DIR)],
         "text": ["check", os.fspath(FAIL_DIR)],
@@ -191,15 +196,12 @@ def corpus_runs():
     }
     for name in SAMPLES:
         commands[name] = ["check", os.fspath(FAIL_DIR / name)]
-    procs = {
-        key: subprocess.Popen([sys.executable, "-m", "fxrules", *args], cwd=ROOT, env=_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for key, args in commands.items()
-    }
     results = {}
-    for key, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
-        results[key] = (proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+    for key, args in commands.items():
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+        results[key] = (code, out.getvalue(), err.getvalue())
     return results
 
 
