@@ -31,7 +31,7 @@ CODES: dict[str, str] = {
     "unexpected-token": "a token where the grammar expects something else",
     "unexpected-end": "the file ends in the middle of a rule",
     "too-deep": "nesting deeper than the parser's limit",
-    "too-large": "a statement with more tokens than the parser's limit (it bounds memory while reading)",
+    "too-large": "a statement, or a file, with more tokens than the parser's limits (they bound memory while reading)",
     # names
     "unknown-alias": "a dotted name whose first part is neither an alias nor a known module",
     "duplicate-alias": "`use ... as NAME` redefines an alias in the same file",

@@ -48,6 +48,21 @@ few hundred bytes each) until it reduces, so this bounds what any one statement 
 (SECURITY.md, "Reading"). The largest statement of the bundled library and the test corpus has a few
 hundred tokens."""
 
+MIN_FILE_TOKENS = 200_000
+BYTES_PER_TOKEN = 3
+"""A file may hold ``max(MIN_FILE_TOKENS, size // BYTES_PER_TOKEN)`` tokens, an operator in a condition
+counting twice (it makes a node of its own besides its operand's); beyond that is a ``too-large``
+diagnostic at the first token over. The AST keeps a node and a span (a few hundred bytes) per token
+for as long as the file's rules live, so this, not the byte cap, is what keeps the memory of loading a
+file within 50 times its size (SECURITY.md, "Reading"); the allowance keeps any file of fewer tokens
+out of it. The bundled library averages ~5 bytes a token, its densest file 3.6."""
+
+
+def file_token_limit(text: str) -> int:
+    """How many (weighted) tokens a file of this text may hold: see :data:`BYTES_PER_TOKEN`."""
+    return max(MIN_FILE_TOKENS, len(text) // BYTES_PER_TOKEN)
+
+
 _CONDITION_OPERATORS = {"NOT", "AND", "OR", "PLUS", "MINUS", "STAR", "SLASH", "DSLASH", "PERCENT", "DOT", "LSQB",
                         "LPAR", "EQEQ", "NOTEQ", "LT", "LE", "GT", "GE", "IN"}
 _OPEN = {"LPAR", "LSQB", "LBRACE"}
@@ -159,6 +174,7 @@ class _Lexer(lark.lexer.Lexer):
         line, line_start = 1, 0
         operators = 0  # in the current condition: chains build nested trees, so they are bounded too
         tokens = 0  # in the current statement
+        budget = file_token_limit(text)  # weighted tokens the file may still hold
         while pos < end:
             m = match(text, pos)
             if m is None:
@@ -204,6 +220,7 @@ class _Lexer(lark.lexer.Lexer):
                     ctx.seen_as = True
                 elif ctx.in_condition and kind in _CONDITION_OPERATORS:
                     operators += 1
+                    budget -= 1
                     if operators > MAX_CONDITION_OPERATORS:
                         raise _TooDeep(token, f"a condition with more than {MAX_CONDITION_OPERATORS} operators")
                 if kind in _OPEN:
@@ -212,6 +229,9 @@ class _Lexer(lark.lexer.Lexer):
                         raise _TooDeep(token, f"brackets nested more than {MAX_DEPTH} deep")
                 elif kind in _CLOSE and brackets:
                     ctx.popped = brackets.pop()
+            budget -= 1  # every token the parser sees, as the direct loop counts them
+            if budget < 0:
+                raise _TooDeep(token, _too_many_tokens(text), "too-large")
             ctx.prev, ctx.last = ctx.last, token
             yield token
 
@@ -364,6 +384,7 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
     in_condition = False  # between `where` and `->` or the end of the statement
     operators = 0  # in the current condition
     tokens = 0  # in the current statement
+    budget = file_token_limit(text)  # weighted tokens the file may still hold
     for m in itertools.chain(scanner.finditer(text), (_EndOfInput,)):
         kind = m.lastgroup
         if kind == "NAME":  # the most common first
@@ -374,6 +395,7 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
                     in_condition, operators = True, 0
                 elif in_condition and kind in _CONDITION_OPERATORS:
                     operators += 1
+                    budget -= 1
                     if operators > MAX_CONDITION_OPERATORS:
                         raise NotDirect()  # too deep: Lark's loop says so
         elif kind in ignore:
@@ -389,6 +411,7 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
                 in_condition = False
             elif in_condition and kind in _CONDITION_OPERATORS:
                 operators += 1
+                budget -= 1
                 if operators > MAX_CONDITION_OPERATORS:
                     raise NotDirect()
             if kind in _OPEN:
@@ -399,7 +422,8 @@ def _parse_direct(text: str, tables: Tables, target: Reductions) -> object:
                 depth -= 1
         last = kind
         tokens += 1
-        if tokens > MAX_STATEMENT_TOKENS:
+        budget -= 1
+        if tokens > MAX_STATEMENT_TOKENS or budget < 0:
             raise NotDirect()  # too large: Lark's loop says so
         while True:
             entry = rows[state].get(kind)
@@ -448,7 +472,10 @@ def parse(source: Source) -> A.RuleFile:
     try:
         return parse_direct(source)
     except NotDirect:
-        return parse_lark(source)
+        pass
+    # Outside the handler: the exception's traceback holds the direct loop's stacks (all of the
+    # file's AST so far), which would stay alive through the second parse.
+    return parse_lark(source)
 
 
 def parse_direct(source: Source) -> A.RuleFile:
@@ -486,6 +513,11 @@ def parse_lark(source: Source) -> A.RuleFile:
     except UnexpectedInput as exc:
         raise RuleFileError([_syntax_diagnostic(source, text, exc)], {source.path: source.text}) from None
     return target.result(rule_file, source)
+
+
+def _too_many_tokens(text: str) -> str:
+    return (f"a file of more than {file_token_limit(text)} tokens (one per {BYTES_PER_TOKEN} bytes of the file, "
+            f"at least {MIN_FILE_TOKENS}; an operator in a condition counts twice)")
 
 
 def _match_at(match: Callable, text: str, token: lark.Token) -> re.Match:

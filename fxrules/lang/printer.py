@@ -264,7 +264,7 @@ def _wrapped_list(items: list, indent: str, inner: str, used: int) -> str:
     """``(a, b, c)`` on one line when it fits after ``used`` characters, else one line of its own
     (or one item a line) inside the parentheses."""
     joined = ", ".join(items)
-    if len(indent) + used + len(joined) + 2 <= WIDTH:
+    if not items or len(indent) + used + len(joined) + 2 <= WIDTH:  # `()` is never broken: `(\n,\n)` is no list
         return "(" + joined + ")"
     if len(inner) + len(joined) + 1 <= WIDTH:
         return "(\n" + inner + joined + ",\n" + indent + ")"

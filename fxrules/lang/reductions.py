@@ -32,10 +32,17 @@ _INVALID_LITERAL = (ValueError, SyntaxError, DeprecationWarning, SyntaxWarning, 
 
 
 def _literal_value(literal: str) -> object:
-    """The value of a STRING token's text; raises one of _INVALID_LITERAL if it is not a valid literal."""
+    """The value of a STRING token's text; raises one of _INVALID_LITERAL if it is not a valid literal.
+
+    Not ``ast.literal_eval``: each call of it makes a cycle of nested functions, garbage that only
+    the cyclic collector frees, and loading runs with the collector paused (fxrules.lang.runtime):
+    a file of many strings held ~300 bytes per byte of it."""
+    if "\\" not in literal:  # quoted, without escapes (the lexer's STRING): the text between the quotes
+        return literal[1:-1]
     with warnings.catch_warnings():  # an unknown escape such as "\d" is an error, not a warning
         warnings.simplefilter("error")
-        return _pyast.literal_eval(literal)  # a string token only: no names, no calls
+        # a STRING token only (one quoted string): the expression is that string's constant
+        return _pyast.parse(literal, mode="eval").body.value
 
 
 _INVALID_ESCAPE = ("invalid escape sequence in this string (valid: \\\\ \\\" \\' \\n \\t \\r "

@@ -509,3 +509,19 @@ def test_random_conditions_round_trip(cond: A.Cond) -> None:
     text = printer.print_cond(cond)
     (rule,) = parse(f"$x where {text} -> $x\n").rules
     assert shape(rule.conditions) == shape((cond,)), text
+
+
+def test_an_empty_builder_argument_list_is_not_broken_at_any_width() -> None:
+    """Found by the wrapping property: `a()` at width 12 printed as `a(\\n    ,\\n)`, which does not parse."""
+    example = A.Example(count=None, mode=None, inputs=(), outputs=(
+        A.Call(op="call_module", target=A.Dotted(("a",)), args=(A.Capture("a"),), kwargs=(), attrs=None,
+               builder_args=()),))
+    rule_file = A.RuleFile("<test>", (A.Rule(name=None, description=None, contract=None, patterns=(A.Capture("a"),),
+                                             conditions=(), replacements=(A.Capture("a"),), examples=(example,)),))
+    old = printer.WIDTH
+    printer.WIDTH = 12
+    try:
+        assert "a()(" in printer.print_file(rule_file)
+        assert_round_trip(rule_file)
+    finally:
+        printer.WIDTH = old

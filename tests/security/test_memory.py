@@ -56,6 +56,32 @@ REFUSED = {  # one statement of more tokens than the parser's limit
     "long-condition-list": _one_rule("rule r: call_function torch.relu($x) where $x.ndim in [", "1,", "1] -> $x\n"),
 }
 
+def _numbered(make, size: int = SIZE) -> str:
+    """Rules ``make(i)`` for i = 0, 1, ... up to ``size`` bytes: many statements, each under every
+    per-statement limit, so only the file's token budget stops them."""
+    lines, total, i = [], 0, 0
+    while total < size:
+        lines.append(make(i))
+        total += len(lines[-1])
+        i += 1
+    return "".join(lines)
+
+
+_STRINGS = ",".join(['"a"'] * 200)
+_ESCAPED = ",".join(['"\\n"'] * 150)
+
+OVER_BUDGET = {  # many statements each dense with nodes: refused by the file's token budget, within 50x
+    "nested-lists": _numbered(lambda i: f"rule r{i}: call_function torch.add($x, {'[' * 200}1{']' * 200}) -> $x\n"),
+    "operator-dense-conditions": _numbered(
+        lambda i: f"rule r{i}: call_function torch.relu($x) where {'+'.join(['1'] * 200)} > 0 -> $x\n"),
+    "negated-operands": _numbered(
+        lambda i: f"rule r{i}: call_function torch.relu($x) where {'+'.join(['-1'] * 100)} > 0 -> $x\n"),
+    "many-strings": _numbered(lambda i: f"rule r{i}: call_function torch.add($x, {_STRINGS}) -> $x\n"),
+    "escaped-strings": _numbered(lambda i: f"rule r{i}: call_function torch.add($x, {_ESCAPED}) -> $x\n"),
+    "keywords": _numbered(
+        lambda i: f"rule r{i}: call_function torch.add($x, {','.join(f'k{j}=1' for j in range(200))}) -> $x\n"),
+}
+
 PRELUDE = textwrap.dedent("""
     import resource, sys
     import torch, fxrules
@@ -101,6 +127,34 @@ def test_a_statement_of_too_many_tokens_is_refused_within_50_times_its_size(tmp_
     assert out.startswith("refused too-large@1:") and ";" not in out, out
     column = int(out.rsplit(":", 1)[1])
     assert 100_000 < column < len(text)  # located at the token over the limit, not at the file's start
+
+
+@pytest.mark.parametrize("shape", sorted(OVER_BUDGET))
+def test_a_file_dense_with_nodes_is_refused_by_its_token_budget_within_50_times_its_size(tmp_path, shape):
+    out = _load_within_50x(tmp_path, OVER_BUDGET[shape])
+    assert out.startswith("refused too-large@") and ";" not in out, out
+    line = int(out.split("@")[1].split(":")[0])
+    assert line > 100  # at the statement where the budget ran out, not at the file's start
+
+
+def test_the_file_token_budget_admits_the_library_and_is_the_same_on_both_parse_loops():
+    from fxrules.lang import parser
+    from fxrules.lang.diagnostics import RuleFileError
+    from fxrules.lang.source import Source
+
+    line = "$a -> $a\n"  # four tokens (the newline ends a statement) in nine bytes
+    text = line * (parser.MIN_FILE_TOKENS // 4 + 10_000)
+    assert len(text) // parser.BYTES_PER_TOKEN < parser.MIN_FILE_TOKENS < text.count("\n") * 4
+    source = Source("many.fxr", text)
+    with pytest.raises(parser.NotDirect):
+        parser.parse_direct(source)
+    with pytest.raises(RuleFileError) as info:
+        parser.parse_lark(source)
+    (diagnostic,) = info.value.diagnostics
+    assert diagnostic.code == "too-large" and "tokens" in diagnostic.message
+    assert diagnostic.line == parser.MIN_FILE_TOKENS // 4 + 1  # the line of the first token over
+    fits = line * (parser.MIN_FILE_TOKENS // 4 - 1)
+    assert len(parser.parse_direct(Source("fits.fxr", fits)).items) == fits.count("\n")
 
 
 def test_the_largest_statements_of_the_library_and_the_corpus_are_far_below_the_limit():
