@@ -37,6 +37,7 @@ from torch._library.utils import is_impure as _torch_is_impure
 from torch._subclasses.fake_tensor import FakeCopyMode as _FakeCopyMode
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch._subclasses.fake_tensor import FakeTensorMode as _FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
 
 WRITTEN_FOR = ("2.13",)
 """The torch releases (major.minor) whose internals the fast paths were written and tested against."""
@@ -644,3 +645,15 @@ GRAPH_MODULE_INTERNALS = frozenset({
 })
 """The instance attributes a GraphModule sets up itself: what is not carried over from an input
 GraphModule to the one a rewrite builds (besides hooks, which are copied)."""
+
+
+DispatchMode = _TorchDispatchMode
+"""torch's base class for a mode that sees every operator call (``__torch_dispatch__``): the
+allocation budget (:mod:`fxrules.engine.budget`) counts what each op allocates with one. No public
+equivalent."""
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """An identity of ``tensor``'s storage, shared by its views, for fake and real tensors alike
+    (a fake tensor's data pointer is 0). Valid while the storage lives."""
+    return tensor.untyped_storage()._cdata
