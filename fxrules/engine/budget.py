@@ -22,10 +22,12 @@ A refusal is :class:`~fxrules.engine.errors.AllocationRefused` with code ``alloc
 naming the node and the size. When the fake run itself fails (an op without a fake kernel, an
 output shape that depends on the data), the run's memory cannot be known beforehand:
 :func:`measure` refuses with ``allocation-unknown`` (the verifier's policy: it runs graphs rules
-made). The real fallback of shape propagation, which runs only when the fake run of the caller's
-model failed, runs under :class:`RealRunGuard` instead: each op is first run on fake tensors and
-refused if its outputs would exceed the budget; an op whose output size depends on data is run and
-counted afterwards (documented in SECURITY.md).
+made). A fake run that stops at an ordinary error (a shape mismatch, which the real run finds too)
+is followed by a real run under :class:`RealRunGuard`: each op is first run on fake tensors and
+refused if its outputs would exceed the budget. The real fallback of shape propagation (it runs only
+when the fake run of the caller's model failed) runs under the guard too; there an op whose output
+size depends on the data runs and is counted right after (the model is the caller's: documented in
+SECURITY.md).
 """
 
 from __future__ import annotations
@@ -123,10 +125,28 @@ def _leaves(value: Any) -> Iterator[Any]:
 
 @dataclass(frozen=True, slots=True)
 class Footprint:
-    """What a measured run allocated: the largest value and the most alive at once, in bytes."""
+    """What a measured run allocated: the largest value and the most alive at once, in bytes.
+    ``failure``: empty when the fake run completed; else what stopped it (an ordinary error, such as
+    a shape mismatch, at the node named): what ran before was within budget, and the rest must run
+    under a :class:`RealRunGuard`."""
 
     largest_value: int
     peak_live: int
+    failure: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return not self.failure
+
+
+class Unsized(StrEnum):
+    """What a :class:`RealRunGuard` does with an op that fake tensors cannot size (its output shape
+    depends on the data)."""
+
+    REFUSE = "refuse"
+    """Refuse the run (``allocation-unknown``): for graphs rules made (verification)."""
+    RUN_AND_COUNT = "run-and-count"
+    """Run the op and count its outputs right after: for the caller's own model (shape propagation)."""
 
 
 class _Ledger:
@@ -225,7 +245,9 @@ def _run_placed(module: nn.Module, inputs: tuple, place: _Place) -> Any:
 def measure(module: nn.Module, inputs: tuple, budget: Budget) -> Footprint:
     """Run ``module`` on fake copies of itself and ``inputs``; what it would allocate, or
     :class:`AllocationRefused` (``allocation-budget`` over ``budget``; ``allocation-unknown`` when
-    the fake run fails). Nothing of the caller's is touched and no tensor data is allocated."""
+    fake tensors cannot size an op). A fake run that stops at an ordinary error (a shape mismatch)
+    gives an incomplete :class:`Footprint`. Nothing of the caller's is touched and no tensor data is
+    allocated."""
     mode = fxaccess.new_fake_mode()
     ledger, place = _Ledger(budget), _Place()
     try:
@@ -239,7 +261,9 @@ def measure(module: nn.Module, inputs: tuple, budget: Budget) -> Footprint:
     except Exception as exc:
         where = f" at node %{place.node}" if place.node else ""
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise AllocationRefused(f"the graph does not run on fake tensors{where} ({type(exc).__name__}: {first}), so "
+        if not fxaccess.fake_cannot_size(exc):
+            return Footprint(ledger.largest, ledger.peak, f"{type(exc).__name__}{where}: {first}")
+        raise AllocationRefused(f"fake tensors cannot size the graph{where} ({type(exc).__name__}: {first}), so "
                                 f"what it allocates cannot be known before it runs; fxrules does not run it",
                                 code=BudgetCode.UNKNOWN, node=place.node) from exc
     return Footprint(ledger.largest, ledger.peak)
@@ -247,20 +271,22 @@ def measure(module: nn.Module, inputs: tuple, budget: Budget) -> Footprint:
 
 class RealRunGuard(fxaccess.DispatchMode):
     """For a run on real tensors: each op runs first on fake tensors, and is refused before it runs
-    when its outputs would exceed the budget; an op the fake run cannot size (its output shape
-    depends on the data) runs, and is counted right after."""
+    when its outputs would exceed the budget. An op whose fake run fails with an ordinary error (a
+    shape mismatch) runs, to raise that error; one that fake tensors cannot size (its output shape
+    depends on the data) is refused or run and counted right after, as ``unsized`` says."""
 
-    def __init__(self, budget: Budget, place: Callable[[], str] = lambda: ""):
+    def __init__(self, budget: Budget, unsized: Unsized, place: Callable[[], str] = lambda: ""):
         super().__init__()
         self.ledger = _Ledger(budget)
         self.fake = fxaccess.new_fake_mode()
+        self.unsized = unsized
         self.place = place
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         node = self.place()
         where = f"node %{node} ({func})" if node else f"op {func}"
-        predicted = self._predict(func, args, kwargs)
+        predicted = self._predict(func, args, kwargs, where)
         if predicted is not None:
             self.ledger.admit(predicted, where)
         out = func(*args, **kwargs)
@@ -270,8 +296,9 @@ class RealRunGuard(fxaccess.DispatchMode):
         self.ledger.keep(fresh)
         return out
 
-    def _predict(self, func, args, kwargs) -> list | None:
-        """The storages the op would make, sized on fake copies of its arguments; None when the fake run fails."""
+    def _predict(self, func, args, kwargs, where: str) -> list | None:
+        """The storages the op would make, sized on fake copies of its arguments; None when the fake
+        run fails (refused first when it cannot size the op and ``unsized`` says so)."""
         try:
             with self.fake:
                 fake_args = _to_fake(self.fake, args)
@@ -280,7 +307,11 @@ class RealRunGuard(fxaccess.DispatchMode):
                 return self.ledger.new_storages(func(*fake_args, **fake_kwargs), known)
         except AllocationRefused:
             raise
-        except Exception:
+        except Exception as exc:
+            if self.unsized is Unsized.REFUSE and fxaccess.fake_cannot_size(exc):
+                raise AllocationRefused(f"fake tensors cannot size {where} ({type(exc).__name__}), so what it "
+                                        f"allocates cannot be known before it runs; fxrules does not run it",
+                                        code=BudgetCode.UNKNOWN, node=where) from None
             return None
 
 

@@ -32,7 +32,7 @@ from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Prog
 from fxrules.engine.refusals import MissCode, Refusal
 from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
 from fxrules.lang.ruleset import RuleSet
-from fxrules.engine.budget import Budget, RealRunGuard
+from fxrules.engine.budget import Budget, RealRunGuard, Unsized
 from fxrules.engine.errors import AllocationRefused, ModelError, RewriteError, RewriteLoopError
 from fxrules.engine.transaction import Workpiece, apply_match, copy_graph
 
@@ -154,7 +154,8 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
 
             run = _Run(copy.deepcopy, clone)
             # the fake run failed, so nothing was measured: each op is sized on fake tensors before it runs
-            run.guard = RealRunGuard(Budget.for_model(work.root, example_inputs), lambda: run.current)
+            run.guard = RealRunGuard(Budget.for_model(work.root, example_inputs), Unsized.RUN_AND_COUNT,
+                                     lambda: run.current)
             inputs = [clone(t) for t in example_inputs]
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 run.run(*inputs)

@@ -657,3 +657,16 @@ def storage_key(tensor: torch.Tensor) -> int:
     """An identity of ``tensor``'s storage, shared by its views, for fake and real tensors alike
     (a fake tensor's data pointer is 0). Valid while the storage lives."""
     return tensor.untyped_storage()._cdata
+
+
+def fake_cannot_size(exc: BaseException) -> bool:
+    """Whether a fake-tensor run failed because fake tensors cannot tell the sizes (an output shape
+    that depends on the data, a value read from the data, an op without a fake or meta kernel), not
+    because the computation itself is wrong (which a real run would also find)."""
+    from torch._subclasses import fake_tensor as ft
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    unsizable = (ft.DynamicOutputShapeException, ft.DataDependentOutputException, ft.UnsupportedOperatorException,
+                 ft.UnsupportedFakeTensorException, ft.UnsupportedMutationAliasingException, ft.MetadataMismatchError,
+                 GuardOnDataDependentSymNode, NotImplementedError)
+    return isinstance(exc, unsizable)

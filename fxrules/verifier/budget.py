@@ -25,7 +25,7 @@ from typing import Any, Iterator, Optional
 import torch
 from torch import nn
 
-from fxrules.engine.budget import Budget, measure
+from fxrules.engine.budget import Budget, RealRunGuard, Unsized, measure
 from fxrules.engine.errors import AllocationRefused
 
 
@@ -61,21 +61,47 @@ def _signature(inputs: tuple) -> tuple:
                  for t in inputs)
 
 
-def within_budget(module: nn.Module, inputs: tuple) -> None:
-    """Refuse (:class:`AllocationRefused`) to run ``module`` on ``inputs`` when the run would exceed
-    the verification budget or cannot be measured; noted in the current :func:`watch`."""
+def within_budget(module: nn.Module, inputs: tuple) -> contextlib.AbstractContextManager:
+    """The context to run ``module`` on ``inputs`` in: nothing more when its fake run measured it
+    within the verification budget; a :class:`RealRunGuard` (each op sized before it runs, unsized
+    ones refused) when the fake run stopped at an ordinary error. Raises :class:`AllocationRefused`
+    (noted in the current :func:`watch`) over the budget or when fake tensors cannot size an op."""
     current = _WATCH.get()
     signature = _signature(inputs)
     if current is not None and signature in current.measured.get(module, ()):
-        return
+        return contextlib.nullcontext()
+    budget = Budget.for_verification(module, inputs)
     try:
-        measure(module, inputs, Budget.for_verification(module, inputs))
+        footprint = measure(module, inputs, budget)
     except AllocationRefused as refusal:
-        if current is not None:
-            current.refusals.append(refusal)
+        _note(current, refusal)
         raise
+    if not footprint.complete:
+        return _Guarded(RealRunGuard(budget, Unsized.REFUSE), current)
     if current is not None:
         current.measured.setdefault(module, set()).add(signature)
+    return contextlib.nullcontext()
+
+
+def _note(current: Optional[BudgetWatch], refusal: AllocationRefused) -> None:
+    if current is not None:
+        current.refusals.append(refusal)
+
+
+@dataclass(slots=True)
+class _Guarded:
+    """A real run under a :class:`RealRunGuard`, its refusals noted in the watch."""
+
+    guard: RealRunGuard
+    current: Optional[BudgetWatch]
+
+    def __enter__(self) -> None:
+        self.guard.__enter__()
+
+    def __exit__(self, kind, exc, tb) -> None:
+        self.guard.__exit__(kind, exc, tb)
+        if isinstance(exc, AllocationRefused):
+            _note(self.current, exc)
 
 
 def refused_verdict(rule: Any, refusal: AllocationRefused) -> Any:

@@ -377,9 +377,9 @@ def _describe(t: torch.Tensor) -> str:
 # ---------------------------------------------------------------------------
 
 def _run(module: torch.nn.Module, inputs: tuple) -> Any:
-    within_budget(module, inputs)  # measured on fake tensors first (fxrules.verifier.budget)
-    # torch.fx prints the generated code to stderr when it raises; the verdict says what went wrong
-    with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+    # torch.fx prints the generated code to stderr when it raises; the verdict says what went wrong.
+    # within_budget: measured on fake tensors first (fxrules.verifier.budget)
+    with within_budget(module, inputs), torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
         return module(*[t.clone() for t in inputs])
 
 
