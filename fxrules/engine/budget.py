@@ -248,13 +248,13 @@ def measure(module: nn.Module, inputs: tuple, budget: Budget) -> Footprint:
     fake tensors cannot size an op). A fake run that stops at an ordinary error (a shape mismatch)
     gives an incomplete :class:`Footprint`. Nothing of the caller's is touched and no tensor data is
     allocated."""
-    mode = fxaccess.new_fake_mode()
+    mode = fxaccess.new_strict_fake_mode()
     ledger, place = _Ledger(budget), _Place()
     try:
         with fxaccess.fake_copy_mode(mode):
             fake_module = copy.deepcopy(module)
         fake_inputs = tuple(mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in inputs)
-        with torch.no_grad(), mode, _FakeMeter(ledger, place):
+        with torch.no_grad(), fxaccess.quiet_meta_failures(), mode, _FakeMeter(ledger, place):
             _run_placed(fake_module, fake_inputs, place)
     except AllocationRefused as exc:
         raise exc.again() from None
@@ -278,7 +278,7 @@ class RealRunGuard(fxaccess.DispatchMode):
     def __init__(self, budget: Budget, unsized: Unsized, place: Callable[[], str] = lambda: ""):
         super().__init__()
         self.ledger = _Ledger(budget)
-        self.fake = fxaccess.new_fake_mode()
+        self.fake = fxaccess.new_strict_fake_mode()
         self.unsized = unsized
         self.place = place
 
@@ -300,7 +300,7 @@ class RealRunGuard(fxaccess.DispatchMode):
         """The storages the op would make, sized on fake copies of its arguments; None when the fake
         run fails (refused first when it cannot size the op and ``unsized`` says so)."""
         try:
-            with self.fake:
+            with fxaccess.quiet_meta_failures(), self.fake:
                 fake_args = _to_fake(self.fake, args)
                 fake_kwargs = _to_fake(self.fake, kwargs)
                 known = _input_keys(fake_args, fake_kwargs)

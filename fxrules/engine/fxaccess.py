@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional
@@ -670,3 +671,30 @@ def fake_cannot_size(exc: BaseException) -> bool:
                  ft.UnsupportedFakeTensorException, ft.UnsupportedMutationAliasingException, ft.MetadataMismatchError,
                  GuardOnDataDependentSymNode, NotImplementedError)
     return isinstance(exc, unsizable)
+
+
+def new_strict_fake_mode() -> Any:
+    """A ``FakeTensorMode`` that accepts real inputs and never runs an op for real: where an op has
+    no fake or meta kernel, torch's default runs the real kernel on zero-filled inputs (which
+    allocates); here that is an ``UnsupportedOperatorException`` (the allocation budget's measure)."""
+    return _FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
+
+
+class _DropMetaFailures(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+_META_FAILURES = _DropMetaFailures()
+
+
+@contextlib.contextmanager
+def quiet_meta_failures() -> Iterator[None]:
+    """Without torch's log line (and traceback) for each op whose meta kernel raised in a fake run:
+    the budget's measure expects such errors (a host that does not run) and reports them itself."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addFilter(_META_FAILURES)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_META_FAILURES)
