@@ -171,6 +171,10 @@ def test_literal_sizes_at_the_limit_pass_and_one_over_does_not():
            "call_function torch.zeros({}, {})))\n"
     assert codes(rule.format(4096, 4096)) == [] and 4096 * 4096 == MAX_LITERAL_ELEMENTS
     assert codes(rule.format(4096, 4097)) == ["allocation-budget"]
+    assert codes("rule r [changes]: call_function torch.relu($x) -> call_function torch.add($x, call_method sum("
+                 "call_function torch.randint(0, 100, [1000, 1000])))\n") == []  # the bounds are not sizes
+    assert codes("rule r [changes]: call_function torch.relu($x) -> call_function torch.add($x, call_method sum("
+                 "call_function torch.randint(0, 100, [10000, 10000])))\n") == ["allocation-budget"]
     huge = "9" * 4000  # a product of thousand-digit literals is never computed in full
     assert codes(rule.format(huge, huge)) == ["allocation-budget"]
 

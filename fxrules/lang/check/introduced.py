@@ -53,6 +53,11 @@ class Sizes:
 
 
 @dataclass(frozen=True, slots=True)
+class SizeList:
+    """The size is the one list or tuple among the positional arguments (or ``size=``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Count:
     """An element count from (start, end, step) literals, as ``arange`` takes them."""
 
@@ -80,7 +85,7 @@ SIZE_ARGUMENTS: dict[str, object] = {
     **dict.fromkeys(("full", "empty_strided", "randperm"), _FIRST),
     "eye": Square(),
     **dict.fromkeys(("tril_indices", "triu_indices"), Sizes(indices=(0, 1), keywords=("row", "col"))),
-    "randint": Sizes(indices=(1, 2)),  # randint(high, size) or randint(low, high, size): the size is a list
+    "randint": SizeList(),  # randint(high, size) or randint(low, high, size): the size is the list
     **dict.fromkeys(("new_zeros", "new_ones", "new_empty", "expand", "repeat", "view", "reshape", "resize_",
                      "tile", "broadcast_to", "_unsafe_view"), _AFTER_SELF),
     **dict.fromkeys(("new_full", "new_empty_strided"), _SECOND),
@@ -233,9 +238,12 @@ def _shown(n: int) -> str:
 def _elements(spec: object, call: A.Call) -> Optional[int]:
     if isinstance(spec, Count):
         return _arange_count(call)
-    if isinstance(spec, Square):
+    if isinstance(spec, SizeList):
+        spec = Sizes(indices=tuple(i for i, a in enumerate(call.args) if isinstance(a, (A.ListExpr, A.TupleExpr))))
+    elif isinstance(spec, Square):
         n, m = _int(_argument(call, 0, ("n",))), _argument(call, 1, ("m",))
-        return None if n is None else n * (n if m is None else (_int(m) or 1))
+        columns = n if m is None else _int(m)
+        return None if n is None else n * (1 if columns is None else columns)
     if isinstance(spec, Steps):
         value = _argument(call, spec.index, (spec.keyword,))
         return _int(value)
