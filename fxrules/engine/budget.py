@@ -174,19 +174,20 @@ class _Ledger:
                     fresh.append((t, key, tensor_bytes(t)))
         return fresh
 
-    def admit(self, fresh: list[tuple[torch.Tensor, int, int]], where: str) -> None:
-        """Refuse when one new storage or everything alive with the new ones exceeds the budget."""
+    def admit(self, fresh: list[tuple[torch.Tensor, int, int]], where: str, node: str) -> None:
+        """Refuse when one new storage or everything alive with the new ones exceeds the budget
+        (``where``: the node and op, for the message; ``node``: the node's name, or empty)."""
         for _, _, size in fresh:
             self.largest = max(self.largest, size)
             if size > self.budget.value_bytes:
                 raise AllocationRefused(f"{where} would allocate {human_bytes(size)}, over the budget of "
-                                        f"{self.budget.describe()}", code=BudgetCode.OVER, node=where, nbytes=size,
+                                        f"{self.budget.describe()}", code=BudgetCode.OVER, node=node, nbytes=size,
                                         limit=self.budget.value_bytes)
         live = self.live() + sum({key: size for _, key, size in fresh}.values())
         self.peak = max(self.peak, live)
         if live > self.budget.live_bytes:
             raise AllocationRefused(f"at {where} the values alive would take {human_bytes(live)}, over the budget of "
-                                    f"{self.budget.describe()}", code=BudgetCode.OVER, node=where, nbytes=live,
+                                    f"{self.budget.describe()}", code=BudgetCode.OVER, node=node, nbytes=live,
                                     limit=self.budget.live_bytes)
 
     def keep(self, fresh: list[tuple[torch.Tensor, int, int]]) -> None:
@@ -218,7 +219,7 @@ class _FakeMeter(fxaccess.DispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         fresh = self.ledger.new_storages(out, _input_keys(args, kwargs))
-        self.ledger.admit(fresh, self.place.where(func))
+        self.ledger.admit(fresh, self.place.where(func), self.place.node)
         self.ledger.keep(fresh)
         return out
 
@@ -304,17 +305,17 @@ class RealRunGuard(fxaccess.DispatchMode):
         kwargs = kwargs or {}
         node = self.place()
         where = f"node %{node} ({func})" if node else f"op {func}"
-        predicted = self._predict(func, args, kwargs, where)
+        predicted = self._predict(func, args, kwargs, where, node)
         if predicted is not None:
-            self.ledger.admit(predicted, where)
+            self.ledger.admit(predicted, where, node)
         out = func(*args, **kwargs)
         fresh = self.ledger.new_storages(out, _input_keys(args, kwargs))
         if predicted is None:
-            self.ledger.admit(fresh, where)
+            self.ledger.admit(fresh, where, node)
         self.ledger.keep(fresh)
         return out
 
-    def _predict(self, func, args, kwargs, where: str) -> list | None:
+    def _predict(self, func, args, kwargs, where: str, node: str) -> list | None:
         """The storages the op would make, sized on fake copies of its arguments; None when the fake
         run fails (refused first when it cannot size the op and ``unsized`` says so)."""
         try:
@@ -329,7 +330,7 @@ class RealRunGuard(fxaccess.DispatchMode):
             if self.unsized is Unsized.REFUSE and fxaccess.fake_cannot_size(exc):
                 raise AllocationRefused(f"fake tensors cannot size {where} ({type(exc).__name__}), so what it "
                                         f"allocates cannot be known before it runs; fxrules does not run it",
-                                        code=BudgetCode.UNKNOWN, node=where) from None
+                                        code=BudgetCode.UNKNOWN, node=node) from None
             return None
 
 

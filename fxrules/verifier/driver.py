@@ -634,8 +634,8 @@ def verify_rule(rule_set: RuleSet, name: str, options: VerifyOptions = VerifyOpt
     with budget_watch() as watched:
         try:
             verdict = _verify_rule_runs(rule_set, name, options)
-        except AllocationRefused:
-            verdict = None
+        except AllocationRefused as refusal:
+            return refused_verdict(rule_set[name], watched.refusal or refusal)
     return verdict if watched.refusal is None else refused_verdict(rule_set[name], watched.refusal)
 
 

@@ -123,7 +123,7 @@ def test_apply_rules_real_fallback_sizes_each_op_first():
         print("untouched", m.code == code)
     """)
     assert "refused AllocationRefused allocation-budget" in run.stdout, run.stdout + run.stderr
-    assert "%zeros" in run.stdout and "untouched True" in run.stdout
+    assert "allocation-budget zeros" in run.stdout and "untouched True" in run.stdout
 
 
 LITERAL = [
@@ -194,6 +194,7 @@ def test_measure_names_the_node_and_the_size():
     with pytest.raises(AllocationRefused) as caught:
         measure(gm, (torch.randn(2),), Budget.for_verification(gm, ()))
     assert caught.value.code == BudgetCode.OVER and caught.value.nbytes == 40_000_000_000
+    assert caught.value.node == "zeros" and caught.value.limit == 64 << 20
     assert "%zeros" in str(caught.value) and "37.3 GiB" in str(caught.value)
     assert "While executing" not in str(caught.value)
 
