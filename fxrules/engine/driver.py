@@ -32,7 +32,8 @@ from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Prog
 from fxrules.engine.refusals import MissCode, Refusal
 from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
 from fxrules.lang.ruleset import RuleSet
-from fxrules.engine.errors import ModelError, RewriteError, RewriteLoopError
+from fxrules.engine.budget import Budget, RealRunGuard, Unsized
+from fxrules.engine.errors import AllocationRefused, ModelError, RewriteError, RewriteLoopError
 from fxrules.engine.transaction import Workpiece, apply_match, copy_graph
 
 
@@ -88,7 +89,9 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
     """Fill meta['val'] of every node by running the graph on fake tensors (real ones as a fallback).
 
     Neither run touches the caller's tensors or modules: the fake run uses fake copies of modules
-    and attributes; the real fallback runs on copies, with the random number generators forked.
+    and attributes; the real fallback runs on copies, with the random number generators forked,
+    each op sized on fake tensors first and refused over the allocation budget
+    (:class:`fxrules.engine.budget.RealRunGuard`: :class:`AllocationRefused`, a ModelError).
     """
     import copy
 
@@ -98,6 +101,8 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
             self.copy_module, self.copy_value = copy_module, copy_value
             self.modules_cache: dict = {}
             self.attrs_cache: dict = {}
+            self.current = ""
+            self.guard: Optional[RealRunGuard] = None
 
         def fetch_attr(self, target: str) -> Any:
             if target not in self.attrs_cache:
@@ -114,7 +119,16 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
             return call(*args, **kwargs)
 
         def run_node(self, n: fx.Node) -> Any:
-            result = super().run_node(n)
+            self.current = n.name
+            if self.guard is None:
+                result = super().run_node(n)
+            else:  # copies first, outside the guard: it counts what the graph's own ops allocate
+                if n.op == "call_module" and n.target not in self.modules_cache:
+                    self.modules_cache[n.target] = self.copy_module(work.module_of(n.target))
+                elif n.op == "get_attr":
+                    self.fetch_attr(n.target)
+                with self.guard:
+                    result = super().run_node(n)
             n.meta["val"] = _as_meta(result) if real else result
             return result
 
@@ -138,8 +152,15 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
             def clone(value: Any) -> Any:
                 return value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
+            run = _Run(copy.deepcopy, clone)
+            # the fake run failed, so nothing was measured: each op is sized on fake tensors before it runs
+            run.guard = RealRunGuard(Budget.for_model(work.root, example_inputs), Unsized.RUN_AND_COUNT,
+                                     lambda: run.current)
+            inputs = [clone(t) for t in example_inputs]
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                _Run(copy.deepcopy, clone).run(*[clone(t) for t in example_inputs])
+                run.run(*inputs)
+        except AllocationRefused as exc:
+            raise exc.again() from None
         except Exception as exc:
             raise ModelError(f"the model does not run on the example inputs: {type(exc).__name__}: {exc}") from exc
     work.has_values = True

@@ -9,7 +9,7 @@ from typing import Optional
 
 from fxrules.lang.diagnostics import FxrulesError
 
-__all__ = ["BuilderError", "ComparisonError", "ModelError", "RewriteError", "RewriteLoopError"]
+__all__ = ["AllocationRefused", "BuilderError", "ComparisonError", "ModelError", "RewriteError", "RewriteLoopError"]
 
 
 class RewriteError(FxrulesError):
@@ -40,6 +40,37 @@ class RewriteLoopError(FxrulesError):
 
 class ModelError(FxrulesError):
     """The model cannot be prepared for rewriting (it does not trace, or is not a module)."""
+
+
+class AllocationRefused(ModelError):
+    """A run of a graph was refused before it ran: it would allocate more than its budget
+    (``code`` ``allocation-budget``), or what it allocates could not be known beforehand
+    (``allocation-unknown``). See :mod:`fxrules.engine.budget` and SECURITY.md.
+
+    Attributes: ``code`` (stable), ``node`` (the graph node, or the op, where it was decided;
+    empty when none), ``nbytes`` and ``limit`` (bytes asked for and allowed; 0 when unknown).
+    """
+
+    def __init__(self, message: str, *, code: str, node: str = "", nbytes: int = 0, limit: int = 0):
+        super().__init__(f"{code}: {message}")
+        self.detail = message
+        self.code = code
+        self.node = node
+        self.nbytes = nbytes
+        self.limit = limit
+
+    def again(self) -> "AllocationRefused":
+        """The same refusal, with its own message only (torch.fx's interpreter appends a traceback to
+        the message of an exception raised while a node runs)."""
+        return AllocationRefused(self.detail, code=self.code, node=self.node, nbytes=self.nbytes, limit=self.limit)
+
+    def __reduce__(self):
+        return (_allocation_refused, (str(self), self.code, self.node, self.nbytes, self.limit))
+
+
+def _allocation_refused(text: str, code: str, node: str, nbytes: int, limit: int) -> "AllocationRefused":
+    error = AllocationRefused(text.partition(": ")[2], code=code, node=node, nbytes=nbytes, limit=limit)
+    return error
 
 
 class BuilderError(FxrulesError, ValueError):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional
@@ -37,6 +38,7 @@ from torch._library.utils import is_impure as _torch_is_impure
 from torch._subclasses.fake_tensor import FakeCopyMode as _FakeCopyMode
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch._subclasses.fake_tensor import FakeTensorMode as _FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
 
 WRITTEN_FOR = ("2.13",)
 """The torch releases (major.minor) whose internals the fast paths were written and tested against."""
@@ -644,3 +646,55 @@ GRAPH_MODULE_INTERNALS = frozenset({
 })
 """The instance attributes a GraphModule sets up itself: what is not carried over from an input
 GraphModule to the one a rewrite builds (besides hooks, which are copied)."""
+
+
+DispatchMode = _TorchDispatchMode
+"""torch's base class for a mode that sees every operator call (``__torch_dispatch__``): the
+allocation budget (:mod:`fxrules.engine.budget`) counts what each op allocates with one. No public
+equivalent."""
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """An identity of ``tensor``'s storage, shared by its views, for fake and real tensors alike
+    (a fake tensor's data pointer is 0). Valid while the storage lives."""
+    return tensor.untyped_storage()._cdata
+
+
+def fake_cannot_size(exc: BaseException) -> bool:
+    """Whether a fake-tensor run failed because fake tensors cannot tell the sizes (an output shape
+    that depends on the data, a value read from the data, an op without a fake or meta kernel), not
+    because the computation itself is wrong (which a real run would also find)."""
+    from torch._subclasses import fake_tensor as ft
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    unsizable = (ft.DynamicOutputShapeException, ft.DataDependentOutputException, ft.UnsupportedOperatorException,
+                 ft.UnsupportedFakeTensorException, ft.UnsupportedMutationAliasingException, ft.MetadataMismatchError,
+                 GuardOnDataDependentSymNode, NotImplementedError)
+    return isinstance(exc, unsizable)
+
+
+def new_strict_fake_mode() -> Any:
+    """A ``FakeTensorMode`` that accepts real inputs and never runs an op for real: where an op has
+    no fake or meta kernel, torch's default runs the real kernel on zero-filled inputs (which
+    allocates); here that is an ``UnsupportedOperatorException`` (the allocation budget's measure)."""
+    return _FakeTensorMode(allow_non_fake_inputs=True, allow_fallback_kernels=False)
+
+
+class _DropMetaFailures(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+_META_FAILURES = _DropMetaFailures()
+
+
+@contextlib.contextmanager
+def quiet_meta_failures() -> Iterator[None]:
+    """Without torch's log line (and traceback) for each op whose meta kernel raised in a fake run:
+    the budget's measure expects such errors (a host that does not run) and reports them itself."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    logger.addFilter(_META_FAILURES)
+    try:
+        yield
+    finally:
+        logger.removeFilter(_META_FAILURES)

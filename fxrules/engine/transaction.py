@@ -611,6 +611,8 @@ def _propagate_value(work: Workpiece, node: fx.Node) -> None:
             function = getattr(self_value, node.target)
         else:
             function = work.module_of(node.target)
+        if fake_mode is None:  # never a real run: a replacement's sizes are the rule file's (fxrules.engine.budget)
+            fake_mode = fxaccess.new_fake_mode()
         if fake_mode is not None:
             with fake_mode:
                 args = _to_fake(fake_mode, args)

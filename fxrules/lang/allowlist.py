@@ -36,6 +36,15 @@ BUILDERS = _data.BUILDERS
 OPERATORS: dict[str, frozenset] = {"aten": _data.ATEN_OPS, "prims": _data.PRIMS_OPS}
 """Op names of torch's operator namespaces (``torch.ops.aten.NAME[.OVERLOAD]``)."""
 
+RANDOM_FUNCTIONS = _data.RANDOM_FUNCTIONS
+RANDOM_METHODS = _data.RANDOM_METHODS
+RANDOM_MODULE_TYPES = _data.RANDOM_MODULE_TYPES
+RANDOM_OPERATORS: dict[str, frozenset] = {"aten": _data.RANDOM_ATEN_OPS, "prims": _data.RANDOM_PRIMS_OPS}
+"""Flags on the table: the names that draw random numbers (ops tagged ``nondeterministic_seeded`` by
+torch, functions and methods of their names, reviewed additions; ``scripts/gen_allowlist.py``). Rules
+may name them everywhere the table allows; an ``[exact]``/``[approx]`` replacement may not introduce
+them (:mod:`fxrules.lang.check.introduced`)."""
+
 _OVERLOAD = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 """An overload name (``default``, ``Tensor``, ``using_ints``): never private, never a packet method."""
 
@@ -70,6 +79,26 @@ def _tensor_method_path(path: str) -> bool:
     """``torch.Tensor.NAME`` as a call_function target (a traced method call can look like this)."""
     head, _, name = path.rpartition(".")
     return head == "torch.Tensor" and name in TENSOR_METHODS
+
+
+def random_function(path: str) -> bool:
+    """Whether a call_function target (a function, ``torch.Tensor.NAME``, an op) draws random numbers."""
+    parts = path.split(".")
+    if len(parts) >= 4 and parts[0] == "torch" and parts[1] == "ops":
+        return parts[3] in RANDOM_OPERATORS.get(parts[2], ())
+    if _tensor_method_path(path):
+        return parts[-1] in RANDOM_METHODS
+    return path in RANDOM_FUNCTIONS
+
+
+def random_method(name: str) -> bool:
+    """Whether a call_method name draws random numbers."""
+    return name in RANDOM_METHODS
+
+
+def random_module_type(path: str) -> bool:
+    """Whether a module type's forward draws random numbers (in training mode)."""
+    return path in RANDOM_MODULE_TYPES
 
 
 def function_allowed(path: str, position: Position, packages: Iterable[str] = ()) -> bool:

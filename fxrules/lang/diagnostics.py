@@ -57,6 +57,12 @@ CODES: dict[str, str] = {
     "bad-pattern": "a construct that cannot be matched (e.g. a builder in a pattern, a literal root)",
     "bad-replacement": "a construct that cannot be built (e.g. `_` or alternation in a replacement)",
     "alternation-binding": "the options of an alternation bind different captures or names",
+    # what a replacement or example introduces (SECURITY.md: bounded evaluation)
+    "allocation-budget": "literal sizes (a factory's shape, a size, repeat or view argument, an arange count) ask for "
+                         "more elements than fxrules' budget",
+    "random-state": "an [exact] or [approx] replacement calls a random-number op its pattern does not",
+    "device-move": "a replacement names a device (a device string, `device=`, `.cpu()`, `pin_memory`) its pattern "
+                   "does not",
     # examples
     "misplaced-example": "an `example` line that does not follow a rule",
     "bad-example": "an example model that cannot be built (undeclared input, wildcard, unknown dtype...)",

@@ -50,7 +50,9 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from fxrules.engine.errors import AllocationRefused
 from fxrules.lang.diagnostics import FxrulesError
+from fxrules.verifier.budget import refused_verdict, watch as budget_watch, within_budget
 from fxrules.lang.runtime import entered
 from fxrules.lang.ruleset import CheckedRule, RuleSet
 
@@ -186,6 +188,7 @@ class RuleVerdict:
     counterexample: Optional[Counterexample] = None
     shapes_kept: Optional[bool] = None  # for [changes] rules: did every checked rewrite keep shapes?
     hosts_gap: Optional[HostsGap] = None  # hosts_note's kind, for programs
+    refusal: Optional[str] = None  # a stable code (allocation-budget, allocation-unknown) when a run was refused
 
     @property
     def ok(self) -> bool:
@@ -214,6 +217,7 @@ class RuleVerdict:
         return {"rule": self.rule, "source": self.source, "contract": self.contract, "grade": str(self.grade),
                 "hosts_checked": self.hosts_checked, "hosts_discarded": self.hosts_discarded,
                 "hosts_note": self.hosts_note, "hosts_gap": None if self.hosts_gap is None else str(self.hosts_gap),
+                "refusal": self.refusal,
                 "shapes_kept": self.shapes_kept,
                 "examples": [e.to_json() for e in self.examples],
                 "counterexample": None if self.counterexample is None else self.counterexample.to_json()}
@@ -373,8 +377,9 @@ def _describe(t: torch.Tensor) -> str:
 # ---------------------------------------------------------------------------
 
 def _run(module: torch.nn.Module, inputs: tuple) -> Any:
-    # torch.fx prints the generated code to stderr when it raises; the verdict says what went wrong
-    with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+    # torch.fx prints the generated code to stderr when it raises; the verdict says what went wrong.
+    # within_budget: measured on fake tensors first (fxrules.verifier.budget)
+    with within_budget(module, inputs), torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
         return module(*[t.clone() for t in inputs])
 
 
@@ -624,7 +629,17 @@ def _check_examples(rule: CheckedRule, rule_set: RuleSet, single: RuleSet,
 # ---------------------------------------------------------------------------
 
 def verify_rule(rule_set: RuleSet, name: str, options: VerifyOptions = VerifyOptions()) -> RuleVerdict:
-    """Verify one rule of ``rule_set`` (host graphs and examples)."""
+    """Verify one rule of ``rule_set`` (host graphs and examples); when a model it would run is over
+    the allocation budget (fxrules.verifier.budget), the grade is ``error`` with the refusal's code."""
+    with budget_watch() as watched:
+        try:
+            verdict = _verify_rule_runs(rule_set, name, options)
+        except AllocationRefused as refusal:
+            return refused_verdict(rule_set[name], watched.refusal or refusal)
+    return verdict if watched.refusal is None else refused_verdict(rule_set[name], watched.refusal)
+
+
+def _verify_rule_runs(rule_set: RuleSet, name: str, options: VerifyOptions) -> RuleVerdict:
     rule = rule_set[name]
     single = rule_set.select(names=[name])
     with warnings.catch_warnings():  # host and example models may use deprecated spellings on purpose

@@ -615,7 +615,8 @@ _EXAMPLE_RULE = "rule r [exact]:\n    " + _RELU_RELU
                      "bad-pattern", "p=", "attribute", id="pattern-attribute-next-line"),
         pytest.param("call_function torch.relu($x) -> call_function torch.nn.functional.relu($x, inplace=False, "
                      "inplace=False)\n", "bad-replacement", "inplace=", "keyword argument", id="replacement"),
-        pytest.param("call_module ReLU($x) -> call_module Dropout{p=0.5, p=0.5}($x)\n",
+        pytest.param("rule r [changes]: call_module ReLU($x) -> call_module Dropout{p=0.5, p=0.5}($x)\n",  # a new
+                     # Dropout draws random numbers: [changes] (random-state otherwise)
                      "bad-replacement", "p=", "constructor argument", id="replacement-constructor"),
         pytest.param(_EXAMPLE_RULE + "    example: call_function torch.relu(call_function torch.nn.functional.relu("
                      "$x, inplace=False, inplace=False)) given $x: [2]\n",

@@ -49,7 +49,7 @@ def check_file(rule_file: A.RuleFile, resolver: Resolver) -> tuple[list[CheckedR
             here = aliases.here()
             if targets is None or targets.aliases is not here:
                 targets = Targets(reporter, resolver, here, torch)
-            check_rule(reporter, targets, item)
+            check_rule(reporter, targets, item, contract or default)
             if reporter.errors == before:
                 name = item.name if item.name is not None else item.span.location
                 # numbered in file order: a rule set of this file alone need not renumber them
@@ -57,12 +57,12 @@ def check_file(rule_file: A.RuleFile, resolver: Resolver) -> tuple[list[CheckedR
     return checked, reporter.diagnostics
 
 
-def check_rule(reporter: Reporter, targets: Targets, rule: A.Rule) -> None:
-    """Every check of one rule, in the order its diagnostics come out."""
+def check_rule(reporter: Reporter, targets: Targets, rule: A.Rule, contract: str = DEFAULT_CONTRACT) -> None:
+    """Every check of one rule (of ``contract``), in the order its diagnostics come out."""
     bindings = check_patterns(reporter, targets, rule.patterns)
     check_forwarded_ellipses(reporter, rule.replacements, bindings)
     check_conditions(reporter, targets, bindings, rule.conditions)
-    check_replacements(reporter, targets, bindings, rule.replacements)
+    check_replacements(reporter, targets, bindings, rule.replacements, patterns=rule.patterns, contract=contract)
     if len(rule.patterns) != len(rule.replacements):
         reporter.error(rule.span, "arity-mismatch",
                        f"the pattern has {len(rule.patterns)} root{'s' * (len(rule.patterns) != 1)} but the "

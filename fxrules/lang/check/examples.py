@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import fxrules.lang.ast as A
 from fxrules.lang.check.calls import check_argument_list, check_duplicate_keywords
+from fxrules.lang.check.introduced import NOTHING, callee, check_devices, check_literal_sizes
 from fxrules.lang.check.reporter import Reporter, did_you_mean
 from fxrules.lang.allowlist import Position
 from fxrules.lang.check.targets import Targets
@@ -22,6 +23,9 @@ MAX_EXAMPLE_COUNT = 10_000
 MAX_EXAMPLE_DIMENSIONS, MAX_EXAMPLE_SIZE, MAX_EXAMPLE_ELEMENTS = 8, 4096, 1 << 22
 """An example input has at most this many dimensions, this size in each, and this many elements:
 its tensor is made when the rule is verified, so a shape is bounded when the rule is checked."""
+
+EXAMPLE_DEVICES = frozenset({"cpu"})
+"""The device an example may name (its model runs on the CPU): ``"cpu"``, and the ``cpu`` method."""
 
 _INT64 = range(-(1 << 63), 1 << 63)
 
@@ -136,6 +140,10 @@ class _ExampleModel:
                                 notes=[f"write `call_module {call.target.text}{{name=value, ...}}(...)`"])
         else:
             self.module_call(call)
+        found = callee(call, self.targets.aliases)
+        if found is not None:  # an example is built and run by `fxrules verify`: bounded, on the CPU
+            check_literal_sizes(self.reporter, call, found)
+        check_devices(self.reporter, call, found, NOTHING, EXAMPLE_DEVICES)
         if call.args is not None:
             check_argument_list(self.reporter, call, "bad-example")
             for arg in call.args:

@@ -4,7 +4,8 @@ A replacement uses only the pattern's captures and ``as`` names; its calls resol
 :class:`fxrules.lang.check.targets.Targets`), never create a call in :data:`NEVER_CREATED` or a
 dunder method, and construct modules with the arguments their constructors need; a module
 builder takes matched modules or captures; ``...`` is forwarded only from exactly one ``...`` of
-the pattern.
+the pattern; and it introduces no literal size over the budget, no random numbers under
+``[exact]``/``[approx]`` and no device the pattern does not name (:mod:`fxrules.lang.check.introduced`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import fxrules.lang.ast as A
 from fxrules.lang.check.calls import attribute_values, check_argument_list, check_duplicate_keywords
+from fxrules.lang.check.introduced import PatternFacts, callee, check_devices, check_literal_sizes, check_random
 from fxrules.lang.check.reporter import Reporter
 from fxrules.lang.check.scope import Bindings, report_unbound_capture, report_unbound_name, unwrap
 from fxrules.lang.allowlist import Position
@@ -31,9 +33,12 @@ def check_forwarded_ellipses(reporter: Reporter, replacements: tuple[A.Expr, ...
                        notes=[f"the pattern's `...` are at {', '.join(str(s) for s in bindings.ellipses)}"])
 
 
-def check_replacements(reporter: Reporter, targets: Targets, bindings: Bindings, roots: tuple[A.Expr, ...]) -> None:
-    """Check the replacement roots of a rule whose pattern binds ``bindings``."""
-    walk = _ReplacementWalk(reporter, targets, bindings)
+def check_replacements(reporter: Reporter, targets: Targets, bindings: Bindings, roots: tuple[A.Expr, ...], *,
+                       patterns: tuple[A.Expr, ...] = (), contract: str = "approx") -> None:
+    """Check the replacement roots of a rule whose pattern binds ``bindings``; what they introduce
+    (literal sizes, random numbers under ``contract``, devices) against what ``patterns`` call
+    (:mod:`fxrules.lang.check.introduced`)."""
+    walk = _ReplacementWalk(reporter, targets, bindings, PatternFacts.of(patterns, targets.aliases), contract)
     for root in roots:
         walk.replacement(root, root=True)
 
@@ -43,6 +48,8 @@ class _ReplacementWalk:
     reporter: Reporter
     targets: Targets
     bindings: Bindings
+    pattern: PatternFacts
+    contract: str
 
     def replacement(self, expr: A.Expr, *, root: bool) -> None:
         if isinstance(expr, A.Call):  # the most common first (the kinds are disjoint: the order is only speed)
@@ -105,6 +112,7 @@ class _ReplacementWalk:
             self.matched_module_call(call)
         else:
             self.new_module_call(call)
+        self.introduced(call)
         if call.args is not None:
             check_argument_list(self.reporter, call, "bad-replacement")
             for arg in call.args:
@@ -112,6 +120,15 @@ class _ReplacementWalk:
                     self.replacement(arg, root=False)
             for keyword in call.kwargs:
                 self.replacement(keyword.value, root=False)
+
+    def introduced(self, call: A.Call) -> None:
+        """What the call brings that the pattern did not: literal sizes over the budget, random
+        numbers under ``[exact]``/``[approx]``, devices (SECURITY.md)."""
+        found = callee(call, self.targets.aliases)
+        if found is not None:
+            check_literal_sizes(self.reporter, call, found)
+            check_random(self.reporter, call, found, self.contract, self.pattern)
+        check_devices(self.reporter, call, found, self.pattern)
 
     def function_call(self, target: A.Dotted) -> None:
         """A call_function target that resolves and is on the allow-list for replacements (which
