@@ -98,44 +98,65 @@ class Effects:
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node; every input for a
         call the engine does not know)."""
+        if self.is_unknown_call(node):
+            return list(node.all_input_nodes)
+        return self.declared_writes(node)
+
+    def declared_writes(self, node: fx.Node) -> list:
+        """The input nodes ``node`` writes to by what its call says: an operator's schema, an
+        in-place name (``add_``, ``operator.iadd``), ``inplace=True``, ``out=``, a module's
+        ``inplace``. What a call the engine does not know writes besides is not included: this is
+        what a rule that names the call (and so vouches for it) removes."""
         op = node.op
         if op == "call_function":
             target = node.target
             try:
                 kind = self._writes.get(target)
             except TypeError:  # an unhashable target
-                return list(node.all_input_nodes)
+                return []
             if kind is None:
                 kind = self._writes[target] = _function_writes(target)
-            return _mutated_by_function(node, kind)
+            return _mutated_by_function(node, _WRITES_BY_KEYWORDS if kind == _WRITES_ALL else kind)
         if op == "call_method":
             name = node.target
-            if not aliasing.method_is_known(name):
-                return list(node.all_input_nodes)
-            if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
+            if aliasing.writes_by_name(name) and node.args and isinstance(node.args[0], fx.Node):
                 return [node.args[0]]
             return []
         if op == "call_module":
-            module = self.module_of(node.target)
-            if module is not None and not self.module_is_known(module):
-                return list(node.all_input_nodes)
-            if node.args and self._module_effects(node.target)[0]:
+            if node.args and isinstance(node.args[0], fx.Node) and self._module_effects(node.target)[0]:
                 return [node.args[0]]
         return []
 
     def side_effect(self, node: fx.Node) -> Optional[str]:
-        """Why removing ``node`` would change behaviour beyond its output, or None when it is pure."""
+        """Why removing ``node`` would change behaviour beyond its output, or None when it is pure:
+        an effect it declares (:meth:`declared_effect`), or calling something the engine cannot
+        prove pure."""
+        effect = self.declared_effect(node)
+        if effect is None and self.is_unknown_call(node):
+            op = node.op
+            if op == "call_function":
+                return f"%{node.name} calls {_function_name(node.target)}, which the engine cannot prove pure"
+            if op == "call_method":
+                return f"%{node.name} calls method `{node.target}`, which the engine cannot prove pure"
+            module = self.module_of(node.target)
+            return (f"%{node.name} calls `{node.target}` ({type(module).__name__}), a module the engine cannot "
+                    f"prove pure")
+        return effect
+
+    def declared_effect(self, node: fx.Node) -> Optional[str]:
+        """The side effect ``node``'s call is known to have, or None: a write its call declares
+        (:meth:`declared_writes`), an effectful builtin, an op torch marks impure, a module marked
+        impure, with hooks, or updating its running statistics. A matched node is asked this: the
+        rule names its target, so the call's being unknown to the engine is the rule's business."""
         op = node.op
         if op in ("placeholder", "output"):
             return f"%{node.name} is a graph {op}"
         if op == "call_module":
             return self._module_side_effect(node)
-        if op == "call_method" and not aliasing.method_is_known(node.target):
-            return f"%{node.name} calls method `{node.target}`, which the engine cannot prove pure"
-        if self.mutated_inputs(node):
-            if op == "call_function" and _safe_get(self._writes, node.target) == _WRITES_ALL:
-                return f"%{node.name} calls {_function_name(node.target)}, which the engine cannot prove pure"
+        if self.declared_writes(node):
             return f"%{node.name} modifies its input in place"
+        if op == "call_method" and isinstance(node.target, str) and node.target in aliasing.EFFECTFUL_METHODS:
+            return f"%{node.name} calls method `{node.target}`, which has a side effect"
         if op == "call_function":
             target = node.target
             try:
@@ -159,9 +180,6 @@ class Effects:
         hooks = module_hooks(module)
         if hooks:
             return f"%{node.name} calls `{node.target}`, which has {', '.join(hooks)}"
-        if not self.module_is_known(module):
-            return (f"%{node.name} calls `{node.target}` ({type(module).__name__}), a module the engine cannot "
-                    f"prove pure")
         writes, impure = self._module_effects(node.target)
         if writes and node.args:
             return f"%{node.name} modifies its input in place"
@@ -236,16 +254,23 @@ class Effects:
         return frozenset(keys)
 
     def is_unknown_call(self, node: fx.Node) -> bool:
-        """Whether ``node`` calls something the engine does not know (see :mod:`fxrules.engine.aliasing`)."""
+        """Whether ``node`` calls something the engine does not know (see :mod:`fxrules.engine.aliasing`):
+        an unknown function or method, or a module that is not a torch.nn class (or one computing as it)."""
         op = node.op
         if op == "call_function":
-            return _safe_get(self._writes, node.target) == _WRITES_ALL or (
-                _function_writes(node.target) == _WRITES_ALL)
+            target = node.target
+            try:
+                kind = self._writes.get(target)
+            except TypeError:  # an unhashable target
+                return True
+            if kind is None:
+                kind = self._writes[target] = _function_writes(target)
+            return kind == _WRITES_ALL
         if op == "call_method":
             return not aliasing.method_is_known(node.target)
         if op == "call_module":
             module = self.module_of(node.target)
-            return module is None or not self.module_is_known(module) or bool(fxaccess.hooked_kinds(module))
+            return module is not None and not self.module_is_known(module)
         return False
 
     def is_written(self, graph: fx.Graph, tensor: Any) -> bool:
@@ -263,13 +288,6 @@ def module_hooks(module: Any) -> list:
 
 
 _UNKNOWN = object()
-
-
-def _safe_get(table: dict, key: Any) -> Any:
-    try:
-        return table.get(key)
-    except TypeError:
-        return _WRITES_ALL
 
 
 def _module_attr(module: Any, name: str, default: Any, classes: Optional[dict] = None) -> Any:
@@ -487,9 +505,12 @@ def module_has_hooks(match: Match, effects: Effects) -> Optional[Refusal]:
 
 
 def drops_side_effect(match: Match, effects: Effects) -> Optional[Refusal]:
-    """A matched node with a side effect: the rewrite removes matched nodes, and the effect with them."""
+    """A matched node with a side effect: the rewrite removes matched nodes, and the effect with them.
+    What counts is the effect the call declares (:meth:`Effects.declared_effect`): the rule names
+    each matched node's target (a subclass only when it computes as the named class), so a call
+    the engine does not know by itself is the rule author's to vouch for."""
     for node in match.bindings.nodes:
-        effect = effects.side_effect(node)
+        effect = effects.declared_effect(node)
         if effect is not None:
             return Refusal(RefusalCode.DROPS_SIDE_EFFECT,
                            f"removing the match would drop a side effect: {effect}", (node.name,))
