@@ -161,7 +161,7 @@ RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Alpha
                   nn.RReLU)
 """torch.nn modules that draw random numbers in training mode (dropout with ``p == 0`` draws none)."""
 
-RUNNING_STATS_MODULES = (nn.modules.batchnorm._NormBase,)
+RUNNING_STATS_MODULES = (fxaccess.NORM_WITH_STATISTICS,)
 """torch.nn modules that update their running statistics (buffers) when called in training mode."""
 
 COPY_FUNCTIONS = frozenset({torch.clone, torch.Tensor.clone})
@@ -189,7 +189,7 @@ def function_is_known(target: Any) -> bool:
             return True
     except TypeError:  # an unhashable target
         return False
-    if getattr(target, "__objclass__", None) in (torch.Tensor, torch._C.TensorBase):
+    if getattr(target, "__objclass__", None) in fxaccess.TENSOR_METHOD_OWNERS:
         return True
     module = getattr(target, "__module__", None)
     return isinstance(module, str) and module in PURE_MODULES
@@ -216,7 +216,7 @@ def module_draws_random(module: nn.Module) -> bool:
     """A train-mode dropout or RReLU (dropout with ``p == 0`` returns its input and draws nothing)."""
     if not isinstance(module, RANDOM_MODULES) or not module.training:
         return False
-    return not (isinstance(module, nn.modules.dropout._DropoutNd) and getattr(module, "p", None) == 0)
+    return not (isinstance(module, fxaccess.DROPOUT_BASE) and getattr(module, "p", None) == 0)
 
 
 def module_updates_statistics(module: nn.Module) -> bool:
@@ -276,6 +276,7 @@ class Aliasing:
         self.attr_of = attr_of
         self.module_is_known = module_is_known
         self._function_kinds: dict = {}
+        self._keys: dict = {}  # get_attr target -> storage key of its tensor (None: not a tensor)
 
     # -- one node ------------------------------------------------------------------
     def bases(self, node: fx.Node) -> tuple:
@@ -379,11 +380,17 @@ class Aliasing:
         return [n for n in node.graph.find_nodes(op="get_attr") if n is not node and self.storage_key_of(n) == key]
 
     def storage_key_of(self, node: fx.Node) -> Any:
-        try:
-            value = self.attr_of(node.target)
-        except Exception:
-            return None
-        return storage_key(value) if isinstance(value, torch.Tensor) else None
+        """The storage key of the tensor a get_attr node reads (None for anything else), remembered
+        per target for the run: a target names one tensor (new modules get new names)."""
+        target = node.target
+        key = self._keys.get(target, _NO_KEY)
+        if key is _NO_KEY:
+            try:
+                value = self.attr_of(target)
+            except Exception:
+                value = None
+            key = self._keys[target] = storage_key(value) if isinstance(value, torch.Tensor) else None
+        return key
 
     def first_write(self, nodes: Iterable[fx.Node], written_by: Callable[[fx.Node], list],
                     skip: Any = (), after: Optional[fx.Node] = None,
@@ -400,6 +407,8 @@ class Aliasing:
                     best = (value, user)
         return best
 
+
+_NO_KEY = object()
 
 _FRESH, _FIRST, _ALL, _SCHEMA, _GETATTR = "fresh", "first", "all", "schema", "getattr"
 FRESH_KIND = _FRESH
@@ -456,6 +465,19 @@ def writes_by_name(name: Any) -> bool:
 _INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
                               "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
                               "__imatmul__", "__setitem__", "__delitem__"})
+
+
+def op_result_may_alias(target: Any) -> bool:
+    """Whether an ``OpOverload``'s result may share storage with an argument: its schema annotates
+    a return (or an argument ``a -> *``), or it is one of the dropout ops that return their input."""
+    if fxaccess.op_name(target) in _SCHEMA_LIES:
+        return True
+    schema = fxaccess.op_schema(target)
+    if any(value.alias_info is not None and (value.alias_info.before_set or value.alias_info.after_set)
+           for value in schema.returns):
+        return True
+    return any(argument.alias_info is not None and "*" in argument.alias_info.after_set
+               for argument in schema.arguments)
 
 
 def _schema_bases(node: fx.Node) -> tuple:

@@ -655,6 +655,16 @@ def global_hook_kinds() -> list:
     return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(_module, name, None)]
 
 
+TENSOR_METHOD_OWNERS = (torch.Tensor, torch._C.TensorBase)
+"""The classes whose methods a ``torch.Tensor.NAME`` call_function target belongs to (``__objclass__``)."""
+
+NORM_WITH_STATISTICS = nn.modules.batchnorm._NormBase
+"""The base of torch.nn's batch and instance norms, which may track running statistics."""
+
+DROPOUT_BASE = nn.modules.dropout._DropoutNd
+"""The base of torch.nn's dropout modules (they hold ``p``)."""
+
+
 IMPURE_MODULE_FLAG = "_is_impure"
 """The attribute by which a module says that calling it has a side effect (``Node.is_impure`` reads it)."""
 

@@ -774,6 +774,8 @@ def call_may_alias(call: RCall, match: Match, effects: Effects) -> bool:
         args, kwargs = _template_function_args(call, match)
         if kwargs.get("inplace") is True or "out" in kwargs:
             return True
+        if fxaccess.is_op_overload(call.target):
+            return aliasing.op_result_may_alias(call.target)
         return aliasing.function_kind(call.target) != aliasing.FRESH_KIND
     if call.op == "call_method":
         name = call.target

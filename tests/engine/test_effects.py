@@ -626,3 +626,18 @@ def test_detach_removal_only_for_integer_and_bool_tensors():
     assert result.counts == {"detach_int_noop": 1}
     assert [n.target for n in result.module.graph.nodes if n.op == "call_method"] == ["detach"]
     assert same(result.module(x), M()(x))
+
+
+def test_the_private_torch_members_this_reads():
+    from fxrules.engine import fxaccess
+
+    aten = torch.ops.aten
+    assert fxaccess.is_op_packet(aten.add) and not fxaccess.is_op_packet(aten.add.Tensor)
+    assert fxaccess.op_name(aten.dropout.default) == "dropout"
+    assert fxaccess.op_draws_random(aten.bernoulli.default) and not fxaccess.op_draws_random(aten.relu.default)
+    assert fxaccess.global_hook_kinds() == []
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
+    try:
+        assert fxaccess.global_hook_kinds() == ["forward_pre_hooks"]
+    finally:
+        handle.remove()
