@@ -296,8 +296,12 @@ def test_a_module_pattern_matches_a_subclass_only_when_it_overrides_nothing_used
     model = M().eval()
     with torch.no_grad():
         model.bn.running_mean.uniform_(-1, 1)
-    result = fxrules.apply_rules(model, fxrules.load_rules(RULES / "fold" / "conv_bn.fxr"), tracer=BatchNormLeaves())
+    library = fxrules.load_rules(RULES / "fold" / "conv_bn.fxr")
+    result = fxrules.apply_rules(model, library, tracer=BatchNormLeaves())
     assert bool(result.counts) is matches
+    if not matches:
+        misses = fxrules.explain(model, library.select(names=["fold_conv2d_bn"]), tracer=BatchNormLeaves())
+        assert [m.code for m in misses] == [MissCode.TARGET_MISMATCH]
     x = torch.randn(2, 3, 8, 8)
     if cls is ChecksInput:
         with pytest.raises(ValueError):
