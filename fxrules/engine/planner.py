@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import fx
@@ -68,7 +68,8 @@ class Effects:
         self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
         self._known_classes: dict = {}  # module class -> whether it computes as a torch.nn class
         self._programs: dict = {}  # id(program) -> (program, its replacement calls)
-        self._storages: Optional[tuple] = None  # (stamp, written storage keys or EVERYTHING)
+        self._storages: Optional[tuple] = None  # (graph, storage keys its nodes write through their inputs)
+        self._module_keys: dict = {}  # call_module node -> (its module, storage keys the call writes itself)
         self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known)
 
     def _attr_through_modules(self, target: str) -> Any:
@@ -217,41 +218,66 @@ class Effects:
         around every module call). A function the engine does not know is taken to write the
         tensors it is passed, not model state it reaches through globals.
 
-        Remembered for the run while the graph's call_module and get_attr nodes stay the same.
-        The planner keeps the rest valid: a rewrite never drops a write (``drops-side-effect``),
-        never redirects one to other storage (``replaced-node-mutated``), and never adds one to
-        an existing value (``replacement-writes-input``).
+        The writes of nodes to their inputs are found once per run: the planner keeps them valid,
+        as a rewrite never drops a write (``drops-side-effect``), never redirects one to other
+        storage (``replaced-node-mutated``), and never adds one to an existing value
+        (``replacement-writes-input``). What module calls write is looked up per call_module node
+        (and remembered per node and module), so a module a rewrite makes is seen.
         """
-        stamp = (tuple(graph.find_nodes(op="call_module")), tuple(graph.find_nodes(op="get_attr")))
-        if self._storages is not None and self._storages[0] == stamp:
-            return self._storages[1]
-        found = self._written_storages(graph)
-        self._storages = (stamp, found)
-        return found
-
-    def _written_storages(self, graph: fx.Graph) -> Any:
         if fxaccess.global_hook_kinds():  # code run around every module call: it may write anything
             return EVERYTHING
+        found = set(self._input_writes(graph))
+        for keys in self._module_writes(graph):
+            found.update(keys)
+        return frozenset(found)
+
+    def is_written(self, graph: fx.Graph, tensor: Any) -> bool:
+        """Whether ``graph`` may write ``tensor``'s storage in place (see :meth:`written_storages`)."""
+        if fxaccess.global_hook_kinds():
+            return True
+        key = aliasing.storage_key(tensor)
+        if key in self._input_writes(graph):
+            return True
+        return any(key in keys for keys in self._module_writes(graph))
+
+    def _input_writes(self, graph: fx.Graph) -> frozenset:
+        """Storage keys of get_attr tensors that nodes write through their inputs (once per run)."""
+        if self._storages is not None and self._storages[0] is graph:
+            return self._storages[1]
         keys: set = set()
         for node in graph.nodes:
-            op = node.op
-            if op == "placeholder" or op == "output" or op == "get_attr":
+            if node.op in ("placeholder", "output", "get_attr"):
                 continue
-            if op == "call_module":
-                module = self.module_of(node.target)
-                if module is None:
-                    continue
-                if fxaccess.hooked_kinds(module) or not self.module_is_known(module):
-                    keys.update(aliasing.storage_key(t) for t in fxaccess.tensors(module))
-                elif aliasing.module_updates_statistics(module):
-                    keys.update(aliasing.storage_key(t) for t in fxaccess.own_buffers(module).values())
             for written in self.mutated_inputs(node):
                 for root in self.aliasing.roots(written):
                     if root.op == "get_attr":
                         keys.add(self.aliasing.storage_key_of(root))
                         keys.update(self.aliasing.storage_key_of(tied) for tied in self.aliasing.tied(root))
         keys.discard(None)
-        return frozenset(keys)
+        found = frozenset(keys)
+        self._storages = (graph, found)
+        return found
+
+    def _module_writes(self, graph: fx.Graph) -> Iterator[frozenset]:
+        """For each call_module node of ``graph``, the storage keys its module's call writes itself
+        (a train-mode norm's statistics; every tensor of an unknown or hooked module)."""
+        cache = self._module_keys
+        for node in graph.find_nodes(op="call_module"):
+            module = self.module_of(node.target)
+            entry = cache.get(node)
+            if entry is None or entry[0] is not module:
+                entry = cache[node] = (module, self._module_call_writes(module))
+            if entry[1]:
+                yield entry[1]
+
+    def _module_call_writes(self, module: Any) -> frozenset:
+        if module is None:
+            return frozenset()
+        if fxaccess.hooked_kinds(module) or not self.module_is_known(module):
+            return frozenset(aliasing.storage_key(t) for t in fxaccess.tensors(module))
+        if aliasing.module_updates_statistics(module):
+            return frozenset(aliasing.storage_key(t) for t in fxaccess.own_buffers(module).values())
+        return frozenset()
 
     def is_unknown_call(self, node: fx.Node) -> bool:
         """Whether ``node`` calls something the engine does not know (see :mod:`fxrules.engine.aliasing`):
@@ -272,11 +298,6 @@ class Effects:
             module = self.module_of(node.target)
             return module is not None and not self.module_is_known(module)
         return False
-
-    def is_written(self, graph: fx.Graph, tensor: Any) -> bool:
-        """Whether ``graph`` may write ``tensor``'s storage in place (see :meth:`written_storages`)."""
-        written = self.written_storages(graph)
-        return written is EVERYTHING or aliasing.storage_key(tensor) in written
 
 
 def module_hooks(module: Any) -> list:
