@@ -5,18 +5,29 @@ message the report shows, the nodes concerned) when, checked in this order:
 
 * an interior node (matched, not a root) has a user outside the match
   (``interior-used-outside``);
-* a matched node has a side effect (removing it would drop the effect:
-  ``drops-side-effect``): see :meth:`Effects.side_effect`; torch's own ``Node.is_impure``
-  misses in-place method calls such as ``buf.add_(1)`` and ``print`` in symbolic_trace
-  graphs, so this module has its own test;
-* the replacement uses a node the rewrite removes (``uses-replaced-node``), replaces a node
-  by a literal (``replaces-with-literal``), or replaces a node that is later modified in
-  place by a value that would then be modified instead (``replaced-node-mutated``);
-* the rewrite would move a read of a captured value across an in-place mutation of that
-  value (the replacement reads it at a later point than the matched nodes did:
-  ``reads-across-mutation``; or the value stands in for a root and is modified after
-  the match: ``alias-mutated-later``);
+* a matched module has hooks, its own or global ones (``module-has-hooks``);
+* a matched node has a side effect its call declares (removing it would drop the effect:
+  ``drops-side-effect``): see :meth:`Effects.declared_effect`; torch's own
+  ``Node.is_impure`` misses in-place method calls such as ``buf.add_(1)`` and ``print`` in
+  symbolic_trace graphs, so this module has its own test;
+* under ``[exact]``/``[approx]``, the rewrite removes, leaves unused or adds a call that draws
+  random numbers (``changes-random-draws``);
+* the replacement uses a node the rewrite removes (``uses-replaced-node``), writes in place a
+  value that exists outside it (``replacement-writes-input``), replaces a node by a literal
+  (``replaces-with-literal``), or replaces a node that is later modified in place (itself
+  or through a view) where the write would then reach another value or stop reaching one
+  (``replaced-node-mutated``);
+* the rewrite would move a read of a captured value across an in-place mutation of anything
+  sharing its storage (the replacement reads it at a later point than the matched nodes did:
+  ``reads-across-mutation``; or the value, or a view of it, stands in for a root and is
+  modified after the match: ``alias-mutated-later``);
+* a returned root would come to share storage with a parameter, a buffer, another output or
+  (for a ``clone``) an input (``output-alias-introduced``);
+* a module builder would read a parameter or buffer the graph writes (``reads-written-value``);
 * the replacement would need a node before one of its own inputs (``would-cycle``).
+
+Which values share storage, which calls are known pure and which draw random numbers is
+:mod:`fxrules.engine.aliasing`'s business; :class:`Effects` holds one run's answers.
 """
 
 from __future__ import annotations
