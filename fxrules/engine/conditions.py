@@ -16,6 +16,13 @@ What names mean in a condition:
 A condition that needs metadata the graph does not have raises
 :class:`MissingMetadata`; the engine turns it into an error naming the rule.
 
+Values as of the match point: a parameter or buffer that the graph writes in place (through
+any alias, anywhere in the graph: a write after the match changes what the next call reads
+before it) has no fixed value. Reading it gives a :class:`WrittenTensor`, which has the
+tensor's metadata (shape, dtype, ...) but no values: a predicate, a comparison or an index
+that would read its values makes the whole ``where`` line false (unknown), whatever ``not``s
+surround it.
+
 Rule files are untrusted, and a condition runs for every candidate match: what one
 condition may build is bounded (:data:`MAX_SEQUENCE`, :data:`MAX_INT_BITS`,
 :data:`MAX_NDIGITS`), checked *before* an operation allocates. Exceeding the budget
@@ -100,6 +107,24 @@ class TensorInfo:
         return self.shape if dim is None else self.shape[dim]
 
 
+class WrittenTensor(TensorInfo):
+    """A parameter or buffer the graph writes in place: its metadata, and no values to read."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "WrittenTensor":
+        try:
+            contiguous = bool(tensor.is_contiguous())
+        except Exception:
+            contiguous = True
+        return cls(tensor.shape, tensor.dtype, tensor.device, bool(tensor.requires_grad), contiguous)
+
+
+METADATA_PREDICATES = frozenset({"is_floating", "is_scalar"})
+"""Predicates that read only a value's metadata: they may be asked about a :class:`WrittenTensor`."""
+
+
 def _is_int(d: Any) -> bool:
     try:
         int(d)
@@ -137,13 +162,34 @@ class Evaluator:
     """Evaluates one rule's conditions against one match."""
 
     def __init__(self, captures: dict, names: dict, module_of: Callable[[str], Any],
-                 attr_of: Callable[[str], Any], aliases: dict, resolver):
+                 attr_of: Callable[[str], Any], aliases: dict, resolver, effects: Optional[Any] = None):
+        """``effects``: the run's :class:`fxrules.engine.planner.Effects` (which remembers what the
+        graph writes); one is made for this evaluation when not given."""
         self.captures = captures
         self.names = names
         self.module_of = module_of
         self.attr_of = attr_of
         self.aliases = aliases
         self.resolver = resolver
+        self._effects = effects
+
+    def effects(self) -> Any:
+        if self._effects is None:
+            from fxrules.engine.planner import Effects
+
+            self._effects = Effects(self.module_of, self.attr_of)
+        return self._effects
+
+    def tensor_at(self, node: fx.Node, value: Any) -> Any:
+        """``value`` (read from a get_attr node or a module called by ``node``) as a condition sees it:
+        a :class:`WrittenTensor` when the graph writes its storage in place."""
+        if isinstance(value, torch.Tensor) and node.graph is not None and self.effects().is_written(node.graph, value):
+            return WrittenTensor.of(value)
+        return value
+
+    def attribute(self, node: fx.Node) -> Any:
+        """The parameter, buffer or constant a get_attr node reads, as of the match point."""
+        return self.tensor_at(node, self.attr_of(node.target))
 
     def holds(self, cond: A.Cond) -> bool:
         """A whole `where` line: a value without the metadata it asks for (an int's dtype) makes it false,
@@ -161,7 +207,7 @@ class Evaluator:
         if not isinstance(node, fx.Node):
             return node
         if node.op == "get_attr":
-            return self.attr_of(node.target)
+            return self.attribute(node)
         if node.op == "call_module" and attr not in _CAPTURE_ATTRS:
             return self.module_of(node.target)
         info = tensor_info(node)
@@ -179,7 +225,7 @@ class Evaluator:
             value = self.captures[cond.name]
             if isinstance(value, fx.Node):
                 if value.op == "get_attr":
-                    return self.attr_of(value.target)
+                    return self.attribute(value)
                 info = tensor_info(value)
                 if info is not None:
                     return info
@@ -197,6 +243,7 @@ class Evaluator:
                 return self.constant(chain)
             base = self.value(cond.value)
             from_module = isinstance(base, fx.Node) and base.op == "call_module" and cond.attr not in _CAPTURE_ATTRS
+            node = base if from_module else None
             if isinstance(base, fx.Node):
                 base = self.node_value(base, cond.attr)
             if cond.attr.startswith("__"):  # the checker refuses these; never evaluate one
@@ -204,9 +251,13 @@ class Evaluator:
             if cond.attr in _CAPTURE_ATTRS:
                 if not hasattr(base, cond.attr):
                     raise NotApplicable(cond.attr)
+            elif isinstance(base, WrittenTensor):
+                raise NotApplicable(cond.attr)  # a view of a written tensor (`.T`): no values either
             elif not (from_module or isinstance(base, (nn.Module, torch.Tensor))):
                 raise NameError(f"a condition may read only tensor metadata from a computed value, not `{cond.attr}`")
             result = getattr(base, cond.attr)
+            if node is not None:  # a module's parameter or buffer, as of the match point
+                result = self.tensor_at(node, result)
             if cond.attr in ("numel",) and callable(result):
                 return result()
             if cond.attr not in _CAPTURE_ATTRS and callable(result) and not isinstance(result, torch.Tensor):
@@ -216,6 +267,8 @@ class Evaluator:
             base = self.value(cond.value)
             if isinstance(base, fx.Node):
                 base = self.node_value(base)
+            if isinstance(base, WrittenTensor):
+                raise NotApplicable("values")
             index = self.value(cond.index)
             if isinstance(base, torch.Tensor):
                 _check_tensor_index(base, index)
@@ -245,7 +298,10 @@ class Evaluator:
                 else self.value(a) for a in cond.args]
         func = cond.func
         if isinstance(func, A.CName) and func.name in PREDICATES:
-            return PREDICATES[func.name](*[self.predicate_arg(a) for a in args])
+            values = [self.predicate_arg(a) for a in args]
+            if func.name not in METADATA_PREDICATES:
+                _check_readable(values)
+            return PREDICATES[func.name](*values)
         if isinstance(func, A.CName) and func.name in CONDITION_FUNCTIONS:
             plain = [_plain(self, a) for a in args]
             _check_builtin(func.name, plain)
@@ -263,7 +319,9 @@ class Evaluator:
         if refusal is not None:
             raise ConditionRefused(refusal)
         function = self.resolved(path)
-        return function(*[self.predicate_arg(a) for a in args])
+        values = [self.predicate_arg(a) for a in args]
+        _check_readable(values)
+        return function(*values)
 
     def predicate_arg(self, value: Any) -> Any:
         if isinstance(value, fx.Node):
@@ -403,5 +461,14 @@ def _bare_node(value: Any) -> bool:
 
 def _plain(evaluator: Evaluator, value: Any) -> Any:
     if isinstance(value, fx.Node):
-        return evaluator.node_value(value)
+        value = evaluator.node_value(value)
+    if isinstance(value, WrittenTensor):
+        raise NotApplicable("values")  # compared, computed with or counted: its values are unknown
     return value
+
+
+def _check_readable(values: list) -> None:
+    """A function about to read its arguments' values: none may be a :class:`WrittenTensor`."""
+    for value in values:
+        if isinstance(value, WrittenTensor):
+            raise NotApplicable("values")

@@ -216,7 +216,7 @@ class _Session:
             return None
         env = match.bindings
         evaluator = Evaluator(env.captures, env.names, self.work.module_of, self.work.attr_of,
-                              program.rule.aliases, self.rule_set.resolver)
+                              program.rule.aliases, self.rule_set.resolver, self.work.effects)
         for condition in program.conditions:
             try:
                 holds = evaluator.holds(condition)

@@ -551,6 +551,22 @@ def is_higher_order_operator(target: Any) -> bool:
     return isinstance(target, torch._ops.HigherOrderOperator)
 
 
+def is_op_packet(target: Any) -> bool:
+    """Whether ``target`` is an operator packet (``torch.ops.aten.add``: every overload of it)."""
+    return isinstance(target, torch._ops.OpOverloadPacket)
+
+
+def op_name(target: Any) -> str:
+    """An ``OpOverload``'s operator name without namespace and overload (``dropout`` for
+    ``aten.dropout.default``)."""
+    return target._schema.name.rpartition("::")[2]
+
+
+def op_draws_random(target: Any) -> bool:
+    """Whether torch tags the ``OpOverload`` as drawing from a random number generator."""
+    return torch.Tag.nondeterministic_seeded in target.tags
+
+
 def op_schema(target: Any) -> Any:
     """The ``torch._C.FunctionSchema`` of an ``OpOverload``: its arguments and their alias info."""
     return target._schema
@@ -627,6 +643,28 @@ def hooked_kinds(module: nn.Module) -> list:
     """The kinds of hook registered on ``module`` itself (``forward_hooks``, ``forward_pre_hooks``,
     ``backward_hooks``, ``backward_pre_hooks``), in that order; empty when none is."""
     return [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
+
+
+_GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                      "_global_backward_pre_hooks")
+
+
+def global_hook_kinds() -> list:
+    """The kinds of hook registered for every module (``torch.nn.modules.module.register_module_forward_hook``
+    and its siblings): ``forward_hooks``, ``forward_pre_hooks``, ``backward_hooks``, ``backward_pre_hooks``."""
+    from torch.nn.modules import module as _module
+
+    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(_module, name, None)]
+
+
+TENSOR_METHOD_OWNERS = (torch.Tensor, torch._C.TensorBase)
+"""The classes whose methods a ``torch.Tensor.NAME`` call_function target belongs to (``__objclass__``)."""
+
+NORM_WITH_STATISTICS = nn.modules.batchnorm._NormBase
+"""The base of torch.nn's batch and instance norms, which may track running statistics."""
+
+DROPOUT_BASE = nn.modules.dropout._DropoutNd
+"""The base of torch.nn's dropout modules (they hold ``p``)."""
 
 
 IMPURE_MODULE_FLAG = "_is_impure"

@@ -8,8 +8,9 @@ Semantics (see docs/semantics.md):
 
 * call_function targets match by identity; call_method by name; call_module by
   the module's type: an instance of the pattern's class, or of a subclass that
-  inherits its ``forward`` (a subclass that overrides ``forward`` computes
-  something else and does not match).
+  overrides nothing the computation uses (:func:`computes_as`: not ``forward``,
+  not a method or attribute of the class or its bases, such as
+  ``_check_input_dim``).
 * Arguments are compared after binding both sides to the target's signature,
   so ``sum(x, 1)`` and ``sum(x, dim=1)`` are the same call; a parameter the
   pattern does not mention must be absent or at its default unless the pattern
@@ -22,6 +23,7 @@ Semantics (see docs/semantics.md):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -29,6 +31,7 @@ from torch import fx
 
 import fxrules.lang.ast as A
 import fxrules.engine.signatures as signatures
+from fxrules.engine import fxaccess
 from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, Program, PRef, PSeq, PWildcard)
 from fxrules.engine.refusals import MissCode
 
@@ -298,7 +301,82 @@ def _rest(pattern: PCall, node: fx.Node, expected: dict) -> tuple:
 def _module_matches(module: Any, cls: type) -> bool:
     if not isinstance(module, cls):
         return False
-    return type(module) is cls or getattr(type(module), "forward", None) is getattr(cls, "forward", None)
+    sub = type(module)
+    if sub is cls:
+        return True
+    if not computes_as(sub, cls):
+        return False
+    added = _added_names(sub, cls)
+    return not added or not _shadows_state(module, added)
+
+
+INERT_CLASS_NAMES = frozenset({
+    "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__", "__annotate__",
+    "__annotate_func__", "__annotations_cache__", "__firstlineno__", "__static_attributes__", "__orig_bases__",
+    "__parameters__", "__slotnames__", "__abstractmethods__", "_abc_impl", "__init__", "extra_repr", "__repr__",
+    "_get_name", "reset_parameters", "reset_running_stats",
+})
+"""Names a subclass may define without changing what its modules compute: class bookkeeping,
+construction (what ``__init__`` stores is the instance's state, which patterns, conditions and
+builders read from the instance) and description (``extra_repr``). Reviewed: none of them is
+called by ``forward``, ``__call__`` or the builders."""
+
+
+@functools.lru_cache(maxsize=4096)
+def computes_as(sub: type, base: type) -> bool:
+    """Whether modules of class ``sub`` (a subclass of ``base``) compute what ``base``'s compute.
+
+    True when no class between ``sub`` and ``base`` in ``sub``'s MRO defines, outside
+    :data:`INERT_CLASS_NAMES`, a name that ``base`` or any class above it defines (``forward``,
+    ``_check_input_dim``, ``_conv_forward``, ``__call__``, ``_call_impl``, ``__getattr__``,
+    ``__setattr__``, ``__getattribute__``, class attributes such as ``_version``, ...), nor a
+    data descriptor (a property) of any name: whatever ``forward`` and the builders reach
+    through ``self`` is then ``base``'s own code or the instance's state. Another new name
+    can only matter by shadowing a parameter, buffer or submodule (found by
+    ``nn.Module.__getattr__`` only when ordinary lookup fails), checked per module by
+    :func:`_shadows_state`.
+    """
+    if sub is base:
+        return True
+    mro = sub.__mro__
+    if base not in mro:
+        return False
+    inherited: set = set()
+    for cls in base.__mro__:
+        inherited.update(vars(cls))
+    for cls in mro[:mro.index(base)]:
+        for name, value in vars(cls).items():
+            if name in INERT_CLASS_NAMES:
+                continue
+            if name in inherited or _is_data_descriptor(value):
+                return False
+    return True
+
+
+def _is_data_descriptor(value: Any) -> bool:
+    """A property or other descriptor with ``__set__``/``__delete__``: it takes precedence over the
+    instance's own attributes, so it could stand in for any state ``forward`` reads."""
+    kind = type(value)
+    return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+
+
+@functools.lru_cache(maxsize=4096)
+def _added_names(sub: type, base: type) -> frozenset:
+    """Names the classes between ``sub`` and ``base`` define that ``base`` does not (new methods, class
+    attributes, properties), inert ones left out."""
+    mro = sub.__mro__
+    found: set = set()
+    for cls in mro[:mro.index(base)]:
+        found.update(name for name in vars(cls) if name not in INERT_CLASS_NAMES)
+    return frozenset(found)
+
+
+def _shadows_state(module: Any, names: frozenset) -> bool:
+    """Whether one of a subclass's new class names is also the name of the module's own state (an
+    instance attribute, parameter, buffer or submodule): a property or descriptor there would
+    change what ``forward`` reads."""
+    members = fxaccess.members(module)
+    return any(name in members for name in names)
 
 
 def _attribute_value(actual: Any, expected: Any) -> Any:

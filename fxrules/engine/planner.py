@@ -5,56 +5,99 @@ message the report shows, the nodes concerned) when, checked in this order:
 
 * an interior node (matched, not a root) has a user outside the match
   (``interior-used-outside``);
-* a matched node has a side effect (removing it would drop the effect:
-  ``drops-side-effect``): see :meth:`Effects.side_effect`; torch's own ``Node.is_impure``
-  misses in-place method calls such as ``buf.add_(1)`` and ``print`` in symbolic_trace
-  graphs, so this module has its own test;
-* the replacement uses a node the rewrite removes (``uses-replaced-node``), replaces a node
-  by a literal (``replaces-with-literal``), or replaces a node that is later modified in
-  place by a value that would then be modified instead (``replaced-node-mutated``);
-* the rewrite would move a read of a captured value across an in-place mutation of that
-  value (the replacement reads it at a later point than the matched nodes did:
-  ``reads-across-mutation``; or the value stands in for a root and is modified after
-  the match: ``alias-mutated-later``);
+* a matched module has hooks, its own or global ones (``module-has-hooks``);
+* a matched node has a side effect its call declares (removing it would drop the effect:
+  ``drops-side-effect``): see :meth:`Effects.declared_effect`; torch's own
+  ``Node.is_impure`` misses in-place method calls such as ``buf.add_(1)`` and ``print`` in
+  symbolic_trace graphs, so this module has its own test;
+* under ``[exact]``/``[approx]``, the rewrite removes, leaves unused or adds a call that draws
+  random numbers (``changes-random-draws``);
+* the replacement uses a node the rewrite removes (``uses-replaced-node``), writes in place a
+  value that exists outside it (``replacement-writes-input``), replaces a node by a literal
+  (``replaces-with-literal``), or replaces a node that is later modified in place (itself
+  or through a view) where the write would then reach another value or stop reaching one
+  (``replaced-node-mutated``);
+* the rewrite would move a read of a captured value across an in-place mutation of anything
+  sharing its storage (the replacement reads it at a later point than the matched nodes did:
+  ``reads-across-mutation``; or the value, or a view of it, stands in for a root and is
+  modified after the match: ``alias-mutated-later``);
+* a returned root would come to share storage with a parameter, a buffer, another output or
+  (for a ``clone``) an input (``output-alias-introduced``);
+* a module builder would read a parameter or buffer the graph writes (``reads-written-value``);
 * the replacement would need a node before one of its own inputs (``would-cycle``).
+
+Which values share storage, which calls are known pure and which draw random numbers is
+:mod:`fxrules.engine.aliasing`'s business; :class:`Effects` holds one run's answers.
 """
 
 from __future__ import annotations
 
-import builtins
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import fx
 
-from fxrules.engine import fxaccess
-from fxrules.engine.matcher import Match
-from fxrules.engine.program import READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RValue
+from fxrules.engine import aliasing, fxaccess
+from fxrules.engine.aliasing import Aliasing
+from fxrules.engine.matcher import Match, computes_as
+from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
+                                    RLiteral, RNewModule, RReuse, RSeq, RValue)
 from fxrules.engine.refusals import Refusal, RefusalCode
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
                       operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift,
                       operator.irshift, operator.imatmul, operator.setitem, operator.delitem}
-_EFFECTFUL_FUNCTIONS = {builtins.print, builtins.input, builtins.setattr, builtins.delattr, builtins.exec,
-                        builtins.eval, builtins.open}
+_EFFECTFUL_FUNCTIONS = aliasing.EFFECTFUL_FUNCTIONS
+
+EVERYTHING = "everything"
+"""What :meth:`Effects.written_storages` answers while global module hooks are registered: code that
+runs around every module call may write any tensor the model holds."""
 
 
 class Effects:
     """Which nodes write to their inputs or have other side effects, for one run over one graph.
 
     What a ``call_function`` target does (whether it writes its first argument, whether torch
-    lists it as impure) does not depend on the node, so it is looked up once per target and
-    remembered for the run. Modules are read per node (a rewrite may put a new module under an
-    old name), what their class says about ``inplace``/``_is_impure`` once per class.
+    lists it as impure, whether fxrules knows it at all) does not depend on the node, so it is
+    looked up once per target and remembered for the run. Modules are read per node (a rewrite
+    may put a new module under an old name), what their class says about
+    ``inplace``/``_is_impure`` and whether it computes as a torch.nn class once per class.
+
+    A call the engine cannot prove pure (see :mod:`fxrules.engine.aliasing`: a function wrapped
+    with ``torch.fx.wrap``, a method of a non-tensor object, a user module kept as a leaf, a
+    module with hooks) has a side effect: its node is never removed, and it may write any of
+    its inputs.
     """
 
-    def __init__(self, module_of: Callable[[str], Any]):
+    def __init__(self, module_of: Callable[[str], Any], attr_of: Optional[Callable[[str], Any]] = None):
         self.module_of = module_of
+        self.attr_of = attr_of if attr_of is not None else self._attr_through_modules
         self._impure: dict = {}  # call_function target -> why calling it has an effect, or None
         self._writes: dict = {}  # call_function target -> _WRITES_* kind
         self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
+        self._known_classes: dict = {}  # module class -> whether it computes as a torch.nn class
+        self._programs: dict = {}  # id(program) -> (program, its replacement calls)
+        self._storages: Optional[tuple] = None  # (graph, storage keys its nodes write through their inputs)
+        self._module_keys: dict = {}  # call_module node -> (its module, storage keys the call writes itself)
+        self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known)
+
+    def _attr_through_modules(self, target: str) -> Any:
+        """A get_attr target's value, found through ``module_of`` (its module, then the attribute)."""
+        path, _, name = target.rpartition(".")
+        module = self.module_of(path)
+        if module is None:
+            raise AttributeError(target)
+        return getattr(module, name)
+
+    def module_is_known(self, module: Any) -> bool:
+        """Whether ``module`` computes as a torch.nn class (see :func:`aliasing.module_class_is_known`)."""
+        cls = type(module)
+        known = self._known_classes.get(cls)
+        if known is None:
+            known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
+        return known
 
     def _module_effects(self, target: str) -> tuple:
         """(writes its input, marked impure) for the module ``target`` names now."""
@@ -65,39 +108,67 @@ class Effects:
                 bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)))
 
     def mutated_inputs(self, node: fx.Node) -> list:
-        """The input nodes ``node`` writes to in place (empty for a pure node)."""
+        """The input nodes ``node`` writes to in place (empty for a pure node; every input for a
+        call the engine does not know)."""
+        if self.is_unknown_call(node):
+            return list(node.all_input_nodes)
+        return self.declared_writes(node)
+
+    def declared_writes(self, node: fx.Node) -> list:
+        """The input nodes ``node`` writes to by what its call says: an operator's schema, an
+        in-place name (``add_``, ``operator.iadd``), ``inplace=True``, ``out=``, a module's
+        ``inplace``. What a call the engine does not know writes besides is not included: this is
+        what a rule that names the call (and so vouches for it) removes."""
         op = node.op
         if op == "call_function":
             target = node.target
             try:
                 kind = self._writes.get(target)
             except TypeError:  # an unhashable target
-                return _mutated_by_function(node, _function_writes(target))
+                return []
             if kind is None:
                 kind = self._writes[target] = _function_writes(target)
-            return _mutated_by_function(node, kind)
+            return _mutated_by_function(node, _WRITES_BY_KEYWORDS if kind == _WRITES_ALL else kind)
         if op == "call_method":
             name = node.target
-            if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
+            if aliasing.writes_by_name(name) and node.args and isinstance(node.args[0], fx.Node):
                 return [node.args[0]]
             return []
         if op == "call_module":
-            if node.args and self._module_effects(node.target)[0]:
+            if node.args and isinstance(node.args[0], fx.Node) and self._module_effects(node.target)[0]:
                 return [node.args[0]]
         return []
 
     def side_effect(self, node: fx.Node) -> Optional[str]:
-        """Why removing ``node`` would change behaviour beyond its output, or None when it is pure."""
+        """Why removing ``node`` would change behaviour beyond its output, or None when it is pure:
+        an effect it declares (:meth:`declared_effect`), or calling something the engine cannot
+        prove pure."""
+        effect = self.declared_effect(node)
+        if effect is None and self.is_unknown_call(node):
+            op = node.op
+            if op == "call_function":
+                return f"%{node.name} calls {_function_name(node.target)}, which the engine cannot prove pure"
+            if op == "call_method":
+                return f"%{node.name} calls method `{node.target}`, which the engine cannot prove pure"
+            module = self.module_of(node.target)
+            return (f"%{node.name} calls `{node.target}` ({type(module).__name__}), a module the engine cannot "
+                    f"prove pure")
+        return effect
+
+    def declared_effect(self, node: fx.Node) -> Optional[str]:
+        """The side effect ``node``'s call is known to have, or None: a write its call declares
+        (:meth:`declared_writes`), an effectful builtin, an op torch marks impure, a module marked
+        impure, with hooks, or updating its running statistics. A matched node is asked this: the
+        rule names its target, so the call's being unknown to the engine is the rule's business."""
         op = node.op
         if op in ("placeholder", "output"):
             return f"%{node.name} is a graph {op}"
-        if op == "call_module":  # mutated_inputs's question and this one's, from one lookup
-            writes, impure = self._module_effects(node.target)
-            if writes and node.args:
-                return f"%{node.name} modifies its input in place"
-            return f"%{node.name} calls a module marked impure" if impure else None
-        if self.mutated_inputs(node):
+        if op == "call_module":
+            return self._module_side_effect(node)
+        if self.declared_writes(node):
             return f"%{node.name} modifies its input in place"
+        if op == "call_method" and isinstance(node.target, str) and node.target in aliasing.EFFECTFUL_METHODS:
+            return f"%{node.name} calls method `{node.target}`, which has a side effect"
         if op == "call_function":
             target = node.target
             try:
@@ -113,6 +184,139 @@ class Effects:
                         pass
             return None if known is None else f"%{node.name} {known}"
         return None
+
+    def _module_side_effect(self, node: fx.Node) -> Optional[str]:
+        module = self.module_of(node.target)
+        if module is None:
+            return None
+        hooks = module_hooks(module)
+        if hooks:
+            return f"%{node.name} calls `{node.target}`, which has {', '.join(hooks)}"
+        writes, impure = self._module_effects(node.target)
+        if writes and node.args:
+            return f"%{node.name} modifies its input in place"
+        if impure:
+            return f"%{node.name} calls a module marked impure"
+        if aliasing.module_updates_statistics(module):
+            return f"%{node.name} updates the running statistics of `{node.target}` (training mode)"
+        return None
+
+    def draws_random(self, node: fx.Node) -> bool:
+        """Whether calling ``node`` draws random numbers (a train-mode dropout, ``rand_like``, ...)."""
+        op = node.op
+        if op == "call_function":
+            return aliasing.function_draws_random(node.target, node.args, node.kwargs)
+        if op == "call_method":
+            return aliasing.method_draws_random(node.target)
+        if op == "call_module":
+            module = self.module_of(node.target)
+            return module is not None and aliasing.module_draws_random(module)
+        return False
+
+    def replacement_calls(self, program: Any) -> tuple:
+        """Every RCall of ``program``'s replacements (remembered per program for the run)."""
+        entry = self._programs.get(id(program))
+        if entry is None or entry[0] is not program:
+            entry = self._programs[id(program)] = (program, _calls_of(program.replacements))
+        return entry[1]
+
+    # -- tensors the graph writes ------------------------------------------------------
+    def written_storages(self, graph: fx.Graph) -> Any:
+        """The storage keys (:func:`aliasing.storage_key`) of the parameters, buffers and constants
+        that some node of ``graph`` writes in place (through any alias, tied tensors included),
+        that a train-mode norm updates, that a module the engine does not know (or one with
+        hooks) holds, or :data:`EVERYTHING` while global module hooks are registered (code run
+        around every module call). A function the engine does not know is taken to write the
+        tensors it is passed, not model state it reaches through globals.
+
+        The writes of nodes to their inputs are found once per run: the planner keeps them valid,
+        as a rewrite never drops a write (``drops-side-effect``), never redirects one to other
+        storage (``replaced-node-mutated``), and never adds one to an existing value
+        (``replacement-writes-input``). What module calls write is looked up per call_module node
+        (and remembered per node and module), so a module a rewrite makes is seen.
+        """
+        if fxaccess.global_hook_kinds():  # code run around every module call: it may write anything
+            return EVERYTHING
+        found = set(self._input_writes(graph))
+        for keys in self._module_writes(graph):
+            found.update(keys)
+        return frozenset(found)
+
+    def is_written(self, graph: fx.Graph, tensor: Any) -> bool:
+        """Whether ``graph`` may write ``tensor``'s storage in place (see :meth:`written_storages`)."""
+        if fxaccess.global_hook_kinds():
+            return True
+        key = aliasing.storage_key(tensor)
+        if key in self._input_writes(graph):
+            return True
+        return any(key in keys for keys in self._module_writes(graph))
+
+    def _input_writes(self, graph: fx.Graph) -> frozenset:
+        """Storage keys of get_attr tensors that nodes write through their inputs (once per run)."""
+        if self._storages is not None and self._storages[0] is graph:
+            return self._storages[1]
+        keys: set = set()
+        for node in graph.nodes:
+            if node.op in ("placeholder", "output", "get_attr"):
+                continue
+            for written in self.mutated_inputs(node):
+                for root in self.aliasing.roots(written):
+                    if root.op == "get_attr":
+                        keys.add(self.aliasing.storage_key_of(root))
+                        keys.update(self.aliasing.storage_key_of(tied) for tied in self.aliasing.tied(root))
+        keys.discard(None)
+        found = frozenset(keys)
+        self._storages = (graph, found)
+        return found
+
+    def _module_writes(self, graph: fx.Graph) -> Iterator[frozenset]:
+        """For each call_module node of ``graph``, the storage keys its module's call writes itself
+        (a train-mode norm's statistics; every tensor of an unknown or hooked module)."""
+        cache = self._module_keys
+        for node in graph.find_nodes(op="call_module"):
+            module = self.module_of(node.target)
+            entry = cache.get(node)
+            if entry is None or entry[0] is not module:
+                entry = cache[node] = (module, self._module_call_writes(module))
+            if entry[1]:
+                yield entry[1]
+
+    def _module_call_writes(self, module: Any) -> frozenset:
+        if module is None:
+            return frozenset()
+        if fxaccess.hooked_kinds(module) or not self.module_is_known(module):
+            return frozenset(aliasing.storage_key(t) for t in fxaccess.tensors(module))
+        if aliasing.module_updates_statistics(module):
+            return frozenset(aliasing.storage_key(t) for t in fxaccess.own_buffers(module).values())
+        return frozenset()
+
+    def is_unknown_call(self, node: fx.Node) -> bool:
+        """Whether ``node`` calls something the engine does not know (see :mod:`fxrules.engine.aliasing`):
+        an unknown function or method, or a module that is not a torch.nn class (or one computing as it)."""
+        op = node.op
+        if op == "call_function":
+            target = node.target
+            try:
+                kind = self._writes.get(target)
+            except TypeError:  # an unhashable target
+                return True
+            if kind is None:
+                kind = self._writes[target] = _function_writes(target)
+            return kind == _WRITES_ALL
+        if op == "call_method":
+            return not aliasing.method_is_known(node.target)
+        if op == "call_module":
+            module = self.module_of(node.target)
+            return module is not None and not self.module_is_known(module)
+        return False
+
+
+def module_hooks(module: Any) -> list:
+    """The hooks that run when ``module`` is called: its own (``forward_hooks``, ...) and the global
+    module hooks (``global forward_hooks``, ...); ``module`` None asks for the global ones only."""
+    found = [] if module is None else fxaccess.hooked_kinds(module)
+    found.extend(f"global {kind}" for kind in fxaccess.global_hook_kinds())
+    return found
 
 
 _UNKNOWN = object()
@@ -161,10 +365,10 @@ def _class_attr(cls: type, name: str) -> Any:
     return found
 
 
-_WRITES_SCHEMA, _WRITES_FIRST, _WRITES_BY_KEYWORDS = "schema", "first", "keywords"
+_WRITES_SCHEMA, _WRITES_FIRST, _WRITES_BY_KEYWORDS, _WRITES_ALL = "schema", "first", "keywords", "all"
 """How a call_function target writes its inputs: as its schema says (an OpOverload), always its
-first argument (``operator.iadd``, ``torch.relu_``), or only when called with ``inplace=True``
-or ``out=``."""
+first argument (``operator.iadd``, ``torch.relu_``), only when called with ``inplace=True`` or
+``out=``, or any of them (a function the engine does not know)."""
 
 
 def _function_writes(target: Any) -> str:
@@ -173,11 +377,14 @@ def _function_writes(target: Any) -> str:
     try:
         if target in _INPLACE_OPERATORS:
             return _WRITES_FIRST
+        effectful = target in _EFFECTFUL_FUNCTIONS
     except TypeError:  # an unhashable target
-        pass
+        return _WRITES_ALL
     name = getattr(target, "__name__", "")
     if isinstance(name, str) and name.endswith("_") and not name.endswith("__"):
         return _WRITES_FIRST
+    if not effectful and not aliasing.function_is_known(target):
+        return _WRITES_ALL
     return _WRITES_BY_KEYWORDS
 
 
@@ -190,16 +397,22 @@ def _mutated_by_function(node: fx.Node, kind: str) -> list:
                 value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
                 if isinstance(value, fx.Node):
                     written.append(value)
+                elif isinstance(value, (list, tuple)):  # Tensor(a!)[] (``_foreach_add_``)
+                    written.extend(v for v in value if isinstance(v, fx.Node))
         return written
     if kind == _WRITES_FIRST:
-        return [node.args[0]] if node.args else []
+        return [node.args[0]] if node.args and isinstance(node.args[0], fx.Node) else []
+    if kind == _WRITES_ALL:
+        return list(node.all_input_nodes)
     kwargs = node.kwargs
     if kwargs:
-        if kwargs.get("inplace") is True and node.args:
+        if kwargs.get("inplace") is True and node.args and isinstance(node.args[0], fx.Node):
             return [node.args[0]]
         out = kwargs.get("out")
         if isinstance(out, fx.Node):
             return [out]
+        if isinstance(out, (list, tuple)):
+            return [v for v in out if isinstance(v, fx.Node)]
     return []
 
 
@@ -212,7 +425,32 @@ def _function_effect(target: Any, node: fx.Node) -> Optional[str]:
             return "has a side effect"
     except Exception:
         pass
+    if not aliasing.function_is_known(target):
+        return f"calls {_function_name(target)}, which the engine cannot prove pure"
     return None
+
+
+def _function_name(target: Any) -> str:
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or repr(target)
+    return f"{module}.{name}" if isinstance(module, str) and module not in ("builtins", "__main__") else str(name)
+
+
+def _calls_of(replacements: tuple) -> tuple:
+    """Every RCall in ``replacements`` (nested ones included), outermost first."""
+    found = []
+    stack = list(reversed(replacements))
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RSeq):
+            stack.extend(reversed(item.items))
+        elif isinstance(item, RCall):
+            found.append(item)
+            stack.extend(reversed([v for _, v in item.kwargs]))
+            stack.extend(reversed(item.args or ()))
+            if isinstance(item.target, RNewModule):
+                stack.extend(v for _, v in item.target.attrs)
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -227,22 +465,34 @@ def plan(match: Match, effects: Effects) -> "Plan | Refusal":
 
     The checks run in this order, and the first refusal wins (so a match with several
     problems always reports the same one): :func:`interior_used_outside`,
-    :func:`drops_side_effect`, :func:`uses_replaced_node`, :func:`replaced_by_value`,
-    :func:`reads_across_mutation`, then :func:`placement` (which refuses a cycle or places
-    the replacement). Each check is pure and returns a Refusal or None; a refusal is only
-    built when refusing.
+    :func:`module_has_hooks`, :func:`drops_side_effect`, :func:`changes_random_draws`,
+    :func:`uses_replaced_node`, :func:`replacement_writes_input`, :func:`replaced_by_value`,
+    :func:`reads_across_mutation`, :func:`output_alias_introduced`,
+    :func:`reads_written_value`, then :func:`placement` (which refuses a cycle or places the
+    replacement). Each check is pure and returns a Refusal or None; a refusal is only built
+    when refusing.
     """
     refusal = interior_used_outside(match)
+    if refusal is None:
+        refusal = module_has_hooks(match, effects)
     if refusal is None:
         refusal = drops_side_effect(match, effects)
     if refusal is not None:
         return refusal
     inputs = _replacement_inputs(match)
-    refusal = uses_replaced_node(match, inputs)
+    refusal = changes_random_draws(match, effects, inputs)
+    if refusal is None:
+        refusal = uses_replaced_node(match, inputs)
+    if refusal is None:
+        refusal = replacement_writes_input(match, effects)
     if refusal is None:
         refusal = replaced_by_value(match, effects)
     if refusal is None:
         refusal = reads_across_mutation(match, effects, inputs)
+    if refusal is None:
+        refusal = output_alias_introduced(match, effects)
+    if refusal is None:
+        refusal = reads_written_value(match, effects)
     if refusal is not None:
         return refusal
     return placement(match, inputs)
@@ -264,13 +514,71 @@ def interior_used_outside(match: Match) -> Optional[Refusal]:
     return None
 
 
-def drops_side_effect(match: Match, effects: Effects) -> Optional[Refusal]:
-    """A matched node with a side effect: the rewrite removes matched nodes, and the effect with them."""
+def module_has_hooks(match: Match, effects: Effects) -> Optional[Refusal]:
+    """A matched module with hooks (its own, or global module hooks): the rewrite removes its call,
+    and the hooks (user code: logging, caching activations, changing the output) with it. Refused
+    whatever the rule's contract; global hooks also refuse a replacement that calls a module
+    (the hooks would run a different number of times)."""
     for node in match.bindings.nodes:
-        effect = effects.side_effect(node)
+        if node.op == "call_module":
+            module = effects.module_of(node.target)
+            hooks = module_hooks(module) if module is not None else []
+            if hooks:
+                return Refusal(RefusalCode.MODULE_HAS_HOOKS,
+                               f"module `{node.target}` (%{node.name}) has {', '.join(hooks)}; removing or replacing "
+                               f"its call would drop them", (node.name,))
+    hooks = module_hooks(None)
+    if hooks and any(call.op == "call_module" for call in effects.replacement_calls(match.program)):
+        root = match.roots[0]
+        return Refusal(RefusalCode.MODULE_HAS_HOOKS,
+                       f"the replacement of %{root.name} calls a module, and {', '.join(hooks)} are registered: they "
+                       f"would run for it", (root.name,))
+    return None
+
+
+def drops_side_effect(match: Match, effects: Effects) -> Optional[Refusal]:
+    """A matched node with a side effect: the rewrite removes matched nodes, and the effect with them.
+    What counts is the effect the call declares (:meth:`Effects.declared_effect`): the rule names
+    each matched node's target (a subclass only when it computes as the named class), so a call
+    the engine does not know by itself is the rule author's to vouch for."""
+    for node in match.bindings.nodes:
+        effect = effects.declared_effect(node)
         if effect is not None:
             return Refusal(RefusalCode.DROPS_SIDE_EFFECT,
                            f"removing the match would drop a side effect: {effect}", (node.name,))
+    return None
+
+
+RANDOM_CONTRACTS = frozenset({"exact", "approx"})
+"""The contracts under which drawing random numbers is an effect: a rule that keeps values may not
+change the stream of random numbers (every later draw, in this graph or after it: the next call,
+the next training step)."""
+
+
+def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Optional[Refusal]:
+    """Under ``[exact]``/``[approx]``: a matched node that draws random numbers (the rewrite removes
+    it), an input that draws them and that the rewrite would leave unused (and so remove), or a
+    replacement call that draws them. Always refused, whatever comes after it in the graph:
+    the random state after the forward pass is observable too."""
+    contract = match.rule.contract
+    if contract not in RANDOM_CONTRACTS:
+        return None
+    for node in match.bindings.nodes:
+        if effects.draws_random(node):
+            return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
+                           f"%{node.name} draws random numbers; under [{contract}] a rewrite may not remove it (every "
+                           f"later random draw would change)", (node.name,))
+    for node in _left_unused(match, effects, inputs):
+        if effects.draws_random(node):
+            return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
+                           f"%{node.name} draws random numbers and the rewrite would leave it unused; under "
+                           f"[{contract}] it may not be removed (every later random draw would change)", (node.name,))
+    for call in effects.replacement_calls(match.program):
+        if _template_draws_random(call, match, effects):
+            root = match.roots[call.root_index]
+            return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
+                           f"the replacement of %{root.name} calls {call.label}, which draws random numbers; under "
+                           f"[{contract}] a rewrite may not add a random draw", (root.name,))
     return None
 
 
@@ -284,55 +592,364 @@ def uses_replaced_node(match: Match, inputs: list) -> Optional[Refusal]:
     return None
 
 
+def replacement_writes_input(match: Match, effects: Effects) -> Optional[Refusal]:
+    """A replacement call that writes one of its arguments in place (``add_``, ``inplace=True``,
+    ``out=``) where that argument is not a fresh value made by the replacement itself: the
+    write would change a value the rest of the graph reads."""
+    for call in effects.replacement_calls(match.program):
+        written = _template_written(call, match, effects)
+        if written is None or (isinstance(written, RCall) and not _template_may_alias(written, match, effects)):
+            continue
+        root = match.roots[call.root_index]
+        return Refusal(RefusalCode.REPLACEMENT_WRITES_INPUT,
+                       f"the replacement of %{root.name} calls {call.label}, which writes in place a value that exists "
+                       f"outside the replacement", (root.name,))
+    return None
+
+
 def replaced_by_value(match: Match, effects: Effects) -> Optional[Refusal]:
-    """A root replaced by an existing value (``-> $x``): the value must be a node, and the root
-    must not be modified in place later (the value would be modified instead). Checked root
-    by root, literal first."""
+    """A root whose value (or a view of it) is modified in place later, where the replacement would
+    change what that write modifies: the root is replaced by an existing value (``-> $x``: the
+    write would modify ``$x``), or the root or its replacement may share storage with another
+    value (a view: the write would reach that value, or no longer reach it). A root that is a
+    fresh tensor, replaced by a fresh tensor, may be written later. A replacement that is a
+    literal is refused too (``replaces-with-literal``). Checked root by root, literal first."""
     env = match.bindings
     roots = match.roots
+    matched = env.nodes
+    analysis = effects.aliasing
     for index, replacement in enumerate(match.program.replacements):
+        root = roots[index]
+        value = None
         if isinstance(replacement, RValue):
-            root = roots[index]
             value = (env.captures if replacement.is_capture else env.names).get(replacement.name)
             if not isinstance(value, fx.Node):
                 return Refusal(RefusalCode.REPLACES_WITH_LITERAL,
                                f"the replacement would replace %{root.name} by the literal {value!r}", (root.name,))
-            for user in root.users:
-                if root in effects.mutated_inputs(user):
-                    return Refusal(RefusalCode.REPLACED_NODE_MUTATED,
-                                   f"%{root.name} is modified in place by %{user.name}; replacing it by "
-                                   f"%{value.name} would modify %{value.name} too", (root.name, user.name, value.name))
+        elif not analysis.bases(root) and not _template_may_alias(replacement, match, effects):
+            continue
+        hit = analysis.first_write(analysis.descendants(root), effects.mutated_inputs, skip=matched)
+        if hit is None:
+            continue
+        written, writer = hit
+        through = "" if written is root else f" through %{written.name}"
+        if value is not None:
+            return Refusal(RefusalCode.REPLACED_NODE_MUTATED,
+                           f"%{root.name} is modified in place{through} by %{writer.name}; replacing it by "
+                           f"%{value.name} would modify %{value.name} too", (root.name, writer.name, value.name))
+        return Refusal(RefusalCode.REPLACED_NODE_MUTATED,
+                       f"%{root.name} is modified in place{through} by %{writer.name}; %{root.name} or its "
+                       f"replacement may share storage with another value, which the write would reach (or no "
+                       f"longer reach)", (root.name, writer.name, root.name))
     return None
 
 
 def reads_across_mutation(match: Match, effects: Effects, inputs: list) -> Optional[Refusal]:
-    """An in-place mutation of a value the replacement reads, between the first matched node and
-    the last place the replacement reads it.
+    """An in-place mutation of a value the replacement reads (or of anything sharing its storage:
+    a view, the tensor it views, a tied parameter), between the first matched node and the last
+    place the replacement reads it.
 
-    When an existing value takes a root's place, the root's users may hand that value on
-    (eval-mode dropout returns its input, views alias it) to anything after them, the graph's
-    output included: any later in-place mutation of the value could then show, so there is
-    no last place.
+    When the replacement may share storage with a value (``-> $x``, a view of ``$x``), or a
+    root did (a view), the root's users may hand that storage on (eval-mode dropout returns
+    its input, views alias it) to anything after them, the graph's output included: any later
+    in-place mutation of it could then show, so there is no last place.
     """
     matched = match.bindings.nodes
     roots = match.roots
     first = min(matched) if matched else min(roots)
-    aliases_root = any(isinstance(r, RValue) for r in match.program.replacements)
+    analysis = effects.aliasing
+    aliases_root = any(isinstance(r, RValue) or _template_may_alias(r, match, effects) or analysis.bases(root)
+                       for r, root in zip(match.program.replacements, roots))
     last = None if aliases_root else max(roots)
     for value in inputs:
-        for user in value.users:
-            if user in matched or not first < user or (last is not None and not user < last):
-                continue
-            if value in effects.mutated_inputs(user):
-                if last is None:
-                    return Refusal(RefusalCode.ALIAS_MUTATED_LATER,
-                                   f"%{value.name} is modified in place by %{user.name} after the matched nodes; "
-                                   f"standing in for %{roots[0].name}, it would carry that change to whatever reads "
-                                   f"%{roots[0].name} or an alias of it", (value.name, user.name, roots[0].name))
-                return Refusal(RefusalCode.READS_ACROSS_MUTATION,
-                               f"%{value.name} is modified in place by %{user.name} between the matched nodes and "
-                               f"the place the replacement reads it", (value.name, user.name))
+        hit = analysis.first_write(analysis.storage_tree(value), effects.mutated_inputs, skip=matched, after=first,
+                                   before=last)
+        if hit is None:
+            continue
+        written, writer = hit
+        through = "" if written is value else f" (through %{written.name})"
+        if last is None:
+            return Refusal(RefusalCode.ALIAS_MUTATED_LATER,
+                           f"%{value.name} is modified in place{through} by %{writer.name} after the matched nodes; "
+                           f"standing in for %{roots[0].name}, it would carry that change to whatever reads "
+                           f"%{roots[0].name} or an alias of it", (value.name, writer.name, roots[0].name))
+        return Refusal(RefusalCode.READS_ACROSS_MUTATION,
+                       f"%{value.name} is modified in place{through} by %{writer.name} between the matched nodes and "
+                       f"the place the replacement reads it", (value.name, writer.name))
     return None
+
+
+def output_alias_introduced(match: Match, effects: Effects) -> Optional[Refusal]:
+    """A root that reaches the graph's output (itself or a view of it is returned) replaced by a
+    value that may share storage with a parameter or buffer, with another output, or with a
+    value of unknown origin, where the root did not: the caller would get the model's state, or
+    two outputs that change together. A root that is a copy (``clone``) may not be replaced by a
+    value sharing storage with an input either: the program asked for a fresh tensor."""
+    roots = match.roots
+    matched = match.bindings.nodes
+    analysis = effects.aliasing
+    for index, replacement in enumerate(match.program.replacements):
+        root = roots[index]
+        sources = _template_sources(replacement, match, effects)
+        if not sources:
+            continue
+        reach = analysis.descendants(root)
+        if not any(user.op == "output" for node in reach for user in node.users):
+            continue
+        before = analysis.roots(root)
+        copy = _is_copy(root)
+        for source in sources:
+            for origin in _origins(analysis, source):
+                if origin in before:
+                    continue
+                what = _output_alias_kind(origin, copy, reach, matched, analysis, effects)
+                if what is not None:
+                    return Refusal(RefusalCode.OUTPUT_ALIAS_INTRODUCED,
+                                   f"%{root.name} is returned by the graph; its replacement would share storage with "
+                                   f"{what} %{origin.name}", (root.name, origin.name))
+    return None
+
+
+def reads_written_value(match: Match, effects: Effects) -> Optional[Refusal]:
+    """A module builder that would read a parameter or buffer the graph writes in place (through any
+    alias; a train-mode norm's running statistics; the tensors of a module the engine does not
+    know): the module it builds would bake in the value as of now, not as of each call."""
+    env = match.bindings
+    for call in effects.replacement_calls(match.program):
+        spec = call.target
+        if not isinstance(spec, RBuilder):
+            continue
+        graph = match.roots[0].graph
+        for name in spec.names:
+            if name.startswith("$"):
+                node = env.captures.get(name[1:])
+                if not isinstance(node, fx.Node) or node.op != "get_attr":
+                    continue
+                tensors = [effects.attr_of(node.target)]
+            else:
+                node = env.names.get(name)
+                module = effects.module_of(node.target) if isinstance(node, fx.Node) and \
+                    node.op == "call_module" else None
+                if module is None:
+                    continue
+                tensors = fxaccess.tensors(module)
+            for tensor in tensors:
+                if isinstance(tensor, torch.Tensor) and effects.is_written(graph, tensor):
+                    return Refusal(RefusalCode.READS_WRITTEN_VALUE,
+                                   f"builder {spec.label} would read a tensor of %{node.name} that the graph modifies "
+                                   f"in place; its value is not fixed", (node.name,))
+    return None
+
+
+# -- what a replacement template does ------------------------------------------------
+
+
+def _template_function_args(call: RCall, match: Match) -> tuple:
+    """``(args, kwargs)`` of a replacement call as far as they are known before it is built:
+    literals and bound values; anything the replacement computes stands as :data:`_COMPUTED`."""
+    env = match.bindings
+    if call.args is None:
+        root = match.roots[call.root_index]
+        return tuple(root.args), dict(root.kwargs)
+
+    def known(item: Any) -> Any:
+        if isinstance(item, RLiteral):
+            return item.value
+        if isinstance(item, RValue):
+            return (env.captures if item.is_capture else env.names).get(item.name, _COMPUTED)
+        return _COMPUTED
+
+    return tuple(known(a) for a in call.args), {name: known(v) for name, v in call.kwargs}
+
+
+_COMPUTED = object()
+
+
+def _template_module(call: RCall, match: Match, effects: Effects) -> Any:
+    """The module class (RNewModule) or module (RReuse) a call_module replacement calls; None for a builder."""
+    spec = call.target
+    if isinstance(spec, RNewModule):
+        return spec.cls
+    if isinstance(spec, RReuse):
+        node = match.bindings.names.get(spec.name)
+        return effects.module_of(node.target) if isinstance(node, fx.Node) else None
+    return None
+
+
+def _template_draws_random(call: RCall, match: Match, effects: Effects) -> bool:
+    if call.op == "call_function":
+        args, kwargs = _template_function_args(call, match)
+        return aliasing.function_draws_random(call.target, args, kwargs)
+    if call.op == "call_method":
+        return aliasing.method_draws_random(call.target)
+    module = _template_module(call, match, effects)
+    if isinstance(module, type):  # a new module: its training mode is decided when it is made
+        if not issubclass(module, aliasing.RANDOM_MODULES):
+            return False
+        p = dict(call.target.attrs).get("p")
+        return not (isinstance(p, RLiteral) and p.value == 0)
+    return module is not None and aliasing.module_draws_random(module)
+
+
+def _template_may_alias(item: Any, match: Match, effects: Effects) -> bool:
+    """Whether a replacement's value may share storage with a value outside it (False: a fresh tensor)."""
+    if isinstance(item, RLiteral):
+        return False
+    if not isinstance(item, RCall):
+        return True  # an existing value, or a sequence of values
+    return call_may_alias(item, match, effects)
+
+
+def call_may_alias(call: RCall, match: Match, effects: Effects) -> bool:
+    """Whether the result of one replacement call may share storage with one of its arguments."""
+    if call.op == "call_function":
+        args, kwargs = _template_function_args(call, match)
+        if kwargs.get("inplace") is True or "out" in kwargs:
+            return True
+        if fxaccess.is_op_overload(call.target):
+            return aliasing.op_result_may_alias(call.target)
+        return aliasing.function_kind(call.target) != aliasing.FRESH_KIND
+    if call.op == "call_method":
+        name = call.target
+        return not aliasing.method_is_known(name) or name in aliasing.VIEW_METHODS \
+            or name in aliasing.SELF_RETURNING_METHODS or aliasing.writes_by_name(name)
+    if isinstance(call.target, RBuilder):
+        return False  # the builders of fxrules.builders return modules computing fresh tensors
+    module = _template_module(call, match, effects)
+    if module is None:
+        return True
+    cls = module if isinstance(module, type) else type(module)
+    if issubclass(cls, aliasing.ALIASING_MODULES):
+        return True
+    if isinstance(module, type):
+        inplace = dict(call.target.attrs).get("inplace")
+        return not (inplace is None or (isinstance(inplace, RLiteral) and inplace.value is False))
+    return _module_attr(module, "inplace", False) is True or not effects.module_is_known(module)
+
+
+def _template_written(call: RCall, match: Match, effects: Effects) -> Any:
+    """The argument (a template, or a node for forwarded arguments) a replacement call writes in
+    place, or None when it writes nothing."""
+    args = call.args
+    first: Any = None
+    if args is None:
+        root_args = match.roots[call.root_index].args
+        first = root_args[0] if root_args else None
+    elif args:
+        first = args[0]
+    if call.op == "call_method":
+        return first if aliasing.writes_by_name(call.target) else None
+    if call.op == "call_function":
+        target = call.target
+        if fxaccess.is_op_overload(target):
+            for i, argument in enumerate(fxaccess.op_schema(target).arguments):
+                info = argument.alias_info
+                if info is not None and info.is_write:
+                    if args is None:
+                        return first
+                    if i < len(args):
+                        return args[i]
+                    return dict(call.kwargs).get(argument.name)
+            return None
+        if _function_writes(target) == _WRITES_FIRST:
+            return first
+        kwargs = dict(call.kwargs) if args is not None else dict(match.roots[call.root_index].kwargs)
+        inplace = kwargs.get("inplace")
+        if inplace is True or (isinstance(inplace, RLiteral) and inplace.value is True):
+            return first
+        return kwargs.get("out")
+    module = _template_module(call, match, effects)
+    if isinstance(module, type):
+        inplace = dict(call.target.attrs).get("inplace")
+        return first if isinstance(inplace, RLiteral) and inplace.value is True else None
+    if module is not None and _module_attr(module, "inplace", False) is True:
+        return first
+    return None
+
+
+def _template_sources(item: Any, match: Match, effects: Effects) -> list:
+    """The existing nodes a replacement's value may share storage with."""
+    env = match.bindings
+    found: dict = {}
+    stack = [item]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, RValue):
+            value = (env.captures if current.is_capture else env.names).get(current.name)
+            _collect_nodes(value, found)
+        elif isinstance(current, RSeq):
+            stack.extend(current.items)
+        elif isinstance(current, RCall) and call_may_alias(current, match, effects):
+            if current.args is None:
+                root = match.roots[current.root_index]
+                _collect_nodes(root.args, found)
+                _collect_nodes(root.kwargs, found)
+            else:
+                stack.extend(current.args)
+                stack.extend(v for _, v in current.kwargs)
+    return list(found)
+
+
+def _origins(analysis: Aliasing, node: fx.Node) -> list:
+    """The roots of ``node``'s storage, and get_attr nodes tied to them."""
+    found = dict.fromkeys(analysis.roots(node))
+    for root in list(found):
+        if root.op == "get_attr":
+            found.update(dict.fromkeys(analysis.tied(root)))
+    return list(found)
+
+
+def _output_alias_kind(origin: fx.Node, copy: bool, reach: dict, matched: Any, analysis: Aliasing,
+                       effects: Effects) -> Optional[str]:
+    """What sharing storage with ``origin`` would make a returned root alias (None: nothing it may not)."""
+    if origin.op == "get_attr":
+        return "the parameter or buffer"
+    if copy and origin.op == "placeholder":
+        return "the input"
+    if effects.is_unknown_call(origin):
+        return "the value of unknown origin"
+    for node in analysis.descendants(origin):
+        if node in reach or node in matched:
+            continue
+        if any(user.op == "output" for user in node.users):
+            return "another output,"
+    return None
+
+
+def _is_copy(node: fx.Node) -> bool:
+    """A node whose result is a fresh copy by contract: ``clone``."""
+    if node.op == "call_method":
+        return node.target == "clone"
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if fxaccess.is_op_overload(target):
+        return fxaccess.op_name(target) == "clone"
+    try:
+        return target in aliasing.COPY_FUNCTIONS
+    except TypeError:
+        return False
+
+
+def _left_unused(match: Match, effects: Effects, inputs: list) -> list:
+    """The nodes outside the match that the rewrite would leave without users, and so erase: inputs of
+    matched nodes (and their inputs) that the replacement does not read, used only by nodes that
+    go, and pure."""
+    matched = set(match.bindings.nodes) | set(match.bindings.attrs)
+    keep = set(inputs)
+    gone = set(matched)
+    found = []
+    stack = [i for n in matched for i in n.all_input_nodes if i not in matched]
+    while stack:
+        node = stack.pop()
+        if node in gone or node in keep or node.op in ("placeholder", "output"):
+            continue
+        if any(user not in gone for user in node.users) or effects.side_effect(node) is not None:
+            continue
+        gone.add(node)
+        found.append(node)
+        stack.extend(node.all_input_nodes)
+    return found
 
 
 def placement(match: Match, inputs: list) -> "Plan | Refusal":

@@ -45,6 +45,16 @@ class RefusalCode(StrEnum):
     """The replacement would have to come after a user of the nodes it replaces."""
     BUILDER_DECLINED = "builder-declined"
     """A module builder raised ``BuilderError`` for these inputs (or a capture it needs is computed)."""
+    MODULE_HAS_HOOKS = "module-has-hooks"
+    """A matched module has hooks (its own, or global module hooks): removing or replacing its call drops them."""
+    CHANGES_RANDOM_DRAWS = "changes-random-draws"
+    """Under ``[exact]``/``[approx]``, the rewrite removes or adds a call that draws random numbers."""
+    REPLACEMENT_WRITES_INPUT = "replacement-writes-input"
+    """The replacement writes in place a value that exists outside it (a capture, a forwarded argument)."""
+    OUTPUT_ALIAS_INTRODUCED = "output-alias-introduced"
+    """The rewrite would make a graph output alias a parameter, a buffer, another output (or, for a clone, an input)."""
+    READS_WRITTEN_VALUE = "reads-written-value"
+    """A module builder would read a parameter or buffer that the graph writes in place."""
 
 
 class MissCode(StrEnum):

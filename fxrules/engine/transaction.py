@@ -63,7 +63,7 @@ class Workpiece:
         self.has_values = any("val" in n.meta for n in graph.find_nodes(op="placeholder"))
         self._node_names: dict = {}  # (op, target) -> the base name torch gives such a node
         self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
-        self.effects = Effects(self.module_of)
+        self.effects = Effects(self.module_of, self.attr_of)
 
     # -- creating nodes ----------------------------------------------------------
     def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:

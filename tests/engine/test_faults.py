@@ -172,7 +172,9 @@ class PicksyBatch(nn.Module):
         self.drop = nn.Dropout(0.5)
 
     def forward(self, x):
-        x = refuse_batch_of_three(self.drop(x))
+        # the dropout after the wrapped call: a function the engine does not know may write its input, so
+        # replacing the dropout before it by its input is refused (replaced-node-mutated)
+        x = self.drop(refuse_batch_of_three(x))
         return torch.relu(torch.relu(self.fc(x))) * 1
 
 

@@ -90,10 +90,64 @@ class TrainingConvBn(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = nn.BatchNorm2d(4)  # training mode: fold_conv_bn declines
+        # training mode: fold_conv_bn declines (without running statistics: calling it updates none, so removing
+        # its call drops no effect)
+        self.bn = nn.BatchNorm2d(4, track_running_stats=False)
 
     def forward(self, x):
         return self.bn(self.conv(x))
+
+
+class HookedDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+        self.drop.register_forward_hook(lambda module, args, output: None)
+
+    def forward(self, x):
+        return self.drop(x)
+
+
+class DropoutThenRandom(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.5)  # training mode: draws random numbers
+
+    def forward(self, x):
+        return self.drop(x) + torch.rand_like(x)
+
+
+class ReluOfMul(nn.Module):
+    def forward(self, x):
+        return torch.relu(x * 2), x
+
+
+class ReturnsClone(nn.Module):
+    def forward(self, x):
+        return x.clone()
+
+
+def _written_buffer_graph() -> fx.GraphModule:
+    """``b.add_(1)`` then ``x + b`` (torch.fx's tracer would run the add_ while tracing, so written by hand)."""
+    root = nn.Module()
+    root.register_buffer("b", torch.zeros(3))
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_method("add_", (graph.get_attr("b"), 1))
+    graph.output(graph.call_function(torch.add, (x, graph.get_attr("b"))))
+    return fx.GraphModule(root, graph)
+
+
+def _written_bn_graph() -> fx.GraphModule:
+    """conv then an eval-mode bn whose running mean the graph writes in place."""
+    root = nn.Module()
+    root.conv = nn.Conv2d(3, 4, 3)
+    root.bn = nn.BatchNorm2d(4).eval()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_method("add_", (graph.get_attr("bn.running_mean"), 1))
+    graph.output(graph.call_module("bn", (graph.call_module("conv", (x,)),)))
+    return fx.GraphModule(root, graph)
 
 
 RELU_RELU = "rule r: call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)"
@@ -132,6 +186,25 @@ REFUSALS = {
         "rule r [approx]: call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn"
         " -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)", TrainingConvBn, ("bn",),
         None),  # the builder's own words: checked below
+    RefusalCode.MODULE_HAS_HOOKS: (
+        "rule r: call_module Dropout($x) -> $x", HookedDropout, ("drop",),
+        "module `drop` (%drop) has forward_hooks; removing or replacing its call would drop them"),
+    RefusalCode.CHANGES_RANDOM_DRAWS: (
+        "rule r [approx]: call_module Dropout($x) -> $x", DropoutThenRandom, ("drop",),
+        "%drop draws random numbers; under [approx] a rewrite may not remove it (every later random draw would "
+        "change)"),
+    RefusalCode.REPLACEMENT_WRITES_INPUT: (
+        "rule r: call_function torch.relu(call_function operator.mul($x, 2)) -> call_method relu_($x)", ReluOfMul,
+        ("relu",), "the replacement of %relu calls relu_, which writes in place a value that exists outside the "
+        "replacement"),
+    RefusalCode.OUTPUT_ALIAS_INTRODUCED: (
+        "rule r: call_method clone($x) -> $x", ReturnsClone, ("clone", "x"),
+        "%clone is returned by the graph; its replacement would share storage with the input %x"),
+    RefusalCode.READS_WRITTEN_VALUE: (
+        "rule r [approx]: call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn"
+        " -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)", _written_bn_graph, ("bn",),
+        "builder fxrules.builders.fold_conv_bn would read a tensor of %bn that the graph modifies in place; its "
+        "value is not fixed"),
 }
 
 
@@ -142,7 +215,7 @@ def test_the_cases_cover_every_refusal_code():
 @pytest.mark.parametrize("code", list(REFUSALS), ids=str)
 def test_each_refusal_code_is_reported_with_its_nodes_and_message(code):
     text, model_class, nodes, message = REFUSALS[code]
-    model = model_class().train() if model_class is TrainingConvBn else model_class()
+    model = model_class().train() if model_class in (TrainingConvBn, DropoutThenRandom) else model_class()
     result = fxrules.apply_rules(model, fxrules.parse_rules(text, source="refuse.fxr"))
     assert result.counts == {}
     [rejected] = result.report.rejected

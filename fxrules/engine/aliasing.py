@@ -1,0 +1,518 @@
+"""Which graph values may share storage, what a call may write, draw or do besides its output.
+
+The planner asks three kinds of question about the graph it rewrites, all answered here:
+
+* **Aliasing.** A node's value may share storage with some of its inputs (its *bases*): a
+  view (``x.view(...)``, ``x[0]``, each piece of ``x.split(...)``), a call that may return
+  its input itself (``x.contiguous()``, ``x.to(dtype)``, ``F.dropout(x, training=False)``,
+  ``nn.Identity``), an in-place call (``x.add_(1)`` returns ``x``). Operators
+  (``OpOverload``) say so in their schemas' alias annotations (``Tensor(a) self -> Tensor(a)``),
+  read through :mod:`fxrules.engine.fxaccess`; Python-level functions, Tensor methods and
+  modules are looked up in the reviewed tables below. A call the engine does not know may
+  alias every input. From the bases follow a value's *roots* (the placeholders, ``get_attr``
+  nodes and fresh results its storage comes from), its *descendants* (the views of it, views
+  of views, ...) and its *storage tree* (every node that may share storage with it: the
+  descendants of its roots, and ``get_attr`` nodes of the same tensor storage).
+* **Purity.** A call is known pure when it is a torch operator, a function of torch's tensor
+  namespaces, a Tensor method, an ``operator``/``math`` function or a reviewed builtin, or a
+  ``torch.nn`` module (or a subclass that computes as one, see
+  :func:`fxrules.engine.matcher.computes_as`) without hooks; and none of the reviewed
+  effectful ones. Everything else (a function wrapped with ``torch.fx.wrap``, a method of a
+  non-tensor object, a user module kept as a leaf) is *unknown*: it may write any of its
+  inputs, alias any of them, and write any tensor the model holds.
+* **Random draws.** Which calls consume random numbers (a train-mode dropout, ``rand_like``,
+  ``bernoulli``, an operator tagged ``nondeterministic_seeded``): removing or adding one
+  shifts every later draw.
+
+Inputs (placeholders) are assumed distinct from each other and from the model's parameters
+and buffers: the graph cannot know what a caller passes.
+"""
+
+from __future__ import annotations
+
+import builtins
+import operator
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from fxrules.engine import fxaccess
+
+# ---------------------------------------------------------------------------
+# Reviewed tables
+# ---------------------------------------------------------------------------
+
+VIEW_METHODS = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "transpose", "transpose_", "permute", "t", "unsqueeze", "squeeze",
+    "expand", "expand_as", "narrow", "select", "__getitem__", "split", "split_with_sizes", "tensor_split", "chunk",
+    "unbind", "hsplit", "vsplit", "dsplit", "diagonal", "as_strided", "flatten", "unflatten", "detach", "movedim",
+    "moveaxis", "swapaxes", "swapdims", "unfold", "real", "imag", "view_as_real", "view_as_complex", "mT", "mH", "T",
+    "H", "adjoint", "indices", "values", "crow_indices", "col_indices", "ccol_indices", "row_indices", "align_to",
+    "align_as", "rename", "refine_names", "squeeze_", "unsqueeze_", "t_", "swapaxes_", "swapdims_", "as_strided_",
+    "detach_", "positive", "resolve_conj", "resolve_neg", "conj", "alias", "data", "broadcast_to", "ravel",
+    "diag_embed", "matrix_H",
+})
+"""Tensor methods whose result may be a view of ``self`` (``reshape``, ``flatten``: a view when the
+strides allow it; ``resolve_conj``/``conj``: ``self`` when there is nothing to resolve)."""
+
+SELF_RETURNING_METHODS = frozenset({
+    "contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "short", "char",
+    "byte", "bool", "cfloat", "cdouble", "cpu", "cuda", "requires_grad_", "coalesce", "to_dense", "expand_as", "as_subclass",
+    "pin_memory", "share_memory_", "to_sparse",
+})
+"""Tensor methods that may return ``self`` itself (``x.to(x.dtype)``, ``x.contiguous()`` on a contiguous ``x``)."""
+
+_VIEW_FUNCTION_NAMES = (
+    "reshape", "flatten", "unflatten", "transpose", "swapaxes", "swapdims", "permute", "t", "unsqueeze", "squeeze",
+    "narrow", "select", "split", "split_with_sizes", "tensor_split", "chunk", "unbind", "hsplit", "vsplit", "dsplit",
+    "diagonal", "as_strided", "detach", "movedim", "moveaxis", "view_as_real", "view_as_complex", "real", "imag",
+    "broadcast_to", "atleast_1d", "atleast_2d", "atleast_3d", "adjoint", "conj", "resolve_conj", "resolve_neg",
+    "positive", "ravel", "alias_copy", "unfold", "squeeze_", "unsqueeze_", "expand_copy", "dropout", "alpha_dropout",
+    "feature_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "nan_to_num_",
+)
+
+
+def _functions(namespaces: Iterable[Any], names: Iterable[str]) -> frozenset:
+    found = set()
+    for space in namespaces:
+        for name in names:
+            value = getattr(space, name, None)
+            if value is not None:
+                try:
+                    found.add(value)
+                except TypeError:
+                    pass
+    return frozenset(found)
+
+
+VIEW_FUNCTIONS = _functions((torch, torch.Tensor, F), _VIEW_FUNCTION_NAMES) | _functions(
+    (torch.Tensor,), VIEW_METHODS | SELF_RETURNING_METHODS)
+"""call_function targets whose result may alias their first argument: torch's view functions, the
+dropout functions (the input itself when not training), and the Tensor methods above called as
+functions (``torch.Tensor.view``)."""
+
+ALL_INPUT_VIEW_FUNCTIONS = frozenset({torch.broadcast_tensors, torch.meshgrid, torch.atleast_1d, torch.atleast_2d,
+                                      torch.atleast_3d})
+"""call_function targets whose results may be views of any of their arguments."""
+
+VIEW_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data", "grad"})
+"""Attributes read with ``getattr`` (a traced ``x.T``) that are views of the tensor."""
+
+ALIASING_MODULES = (nn.Identity, nn.Flatten, nn.Unflatten, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
+                    nn.AlphaDropout, nn.FeatureAlphaDropout)
+"""torch.nn modules whose output may be their input or a view of it (dropout: in eval mode)."""
+
+_SCHEMA_LIES = frozenset({"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"})
+"""aten ops whose schema returns a fresh tensor but whose kernel returns the input itself when not
+training (CompositeImplicitAutograd ``at::dropout``)."""
+
+PURE_BUILTINS = frozenset({
+    builtins.getattr, builtins.len, builtins.isinstance, builtins.issubclass, builtins.hasattr, builtins.int,
+    builtins.float, builtins.bool, builtins.complex, builtins.str, builtins.tuple, builtins.list, builtins.dict,
+    builtins.set, builtins.frozenset, builtins.slice, builtins.range, builtins.min, builtins.max, builtins.abs,
+    builtins.sum, builtins.all, builtins.any, builtins.round, builtins.divmod, builtins.pow, builtins.zip,
+    builtins.enumerate, builtins.sorted, builtins.reversed, builtins.type, builtins.repr, builtins.hash, builtins.id,
+    builtins.callable, builtins.format, builtins.map, builtins.filter, builtins.chr, builtins.ord,
+})
+"""Builtins that compute on their arguments only."""
+
+PURE_MODULES = ("torch", "torch.functional", "torch.nn.functional", "torch._C._nn", "torch._C._linalg",
+                "torch._C._fft", "torch._C._special", "torch._C._VariableFunctions", "torch.linalg", "torch.fft",
+                "torch.special", "torch._tensor", "torch._refs", "_operator", "operator", "math")
+"""Modules (``__module__``) whose functions compute tensors or numbers from their arguments only,
+except the effectful ones listed in :data:`EFFECTFUL_FUNCTIONS`."""
+
+EFFECTFUL_FUNCTIONS = frozenset({
+    builtins.print, builtins.input, builtins.setattr, builtins.delattr, builtins.exec, builtins.eval, builtins.open,
+    builtins.next, builtins.iter, builtins.breakpoint, builtins.__import__, builtins.globals, builtins.locals,
+    builtins.vars, builtins.compile,
+    torch.manual_seed, torch.seed, torch.set_rng_state, torch.set_default_dtype, torch.set_default_device,
+    torch.set_grad_enabled, torch.set_printoptions, torch.set_num_threads, torch.use_deterministic_algorithms,
+    torch.save, torch.load, torch.Tensor.backward, torch.Tensor.register_hook, torch.Tensor.retain_grad,
+    torch.Tensor.record_stream, torch.Tensor.register_post_accumulate_grad_hook,
+})
+"""Functions with an effect beyond their output (besides in-place writes, which are found by name)."""
+
+EFFECTFUL_METHODS = frozenset({"backward", "register_hook", "register_post_accumulate_grad_hook", "retain_grad",
+                               "record_stream", "share_memory_", "apply_", "map_", "map2_"})
+"""Tensor methods with an effect beyond their output and ``self`` (``apply_`` runs a Python callable)."""
+
+RANDOM_FUNCTION_NAMES = ("rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm",
+                         "bernoulli", "multinomial", "normal", "poisson", "rrelu", "rrelu_", "gumbel_softmax",
+                         "native_dropout", "binomial", "_standard_gamma", "_sample_dirichlet")
+RANDOM_FUNCTIONS = _functions((torch, F, torch.Tensor), RANDOM_FUNCTION_NAMES)
+"""call_function targets that always draw random numbers."""
+
+DROPOUT_FUNCTIONS = {
+    F.dropout: True, F.dropout1d: True, F.dropout2d: True, F.dropout3d: True, F.alpha_dropout: False,
+    F.feature_alpha_dropout: False, torch.dropout: None, torch.alpha_dropout: None, torch.feature_dropout: None,
+    torch.feature_alpha_dropout: None, F.rrelu: False,
+}
+"""Functions that draw random numbers when their ``training`` argument (the third, else the keyword
+``training``/``train``) is true; the value is its default (None: no default)."""
+
+RANDOM_METHODS = frozenset({"bernoulli", "bernoulli_", "multinomial", "normal_", "uniform_", "random_",
+                            "exponential_", "geometric_", "cauchy_", "log_normal_", "rrelu_"})
+"""Tensor methods that draw random numbers."""
+
+RANDOM_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+                  nn.RReLU)
+"""torch.nn modules that draw random numbers in training mode (dropout with ``p == 0`` draws none)."""
+
+RUNNING_STATS_MODULES = (fxaccess.NORM_WITH_STATISTICS,)
+"""torch.nn modules that update their running statistics (buffers) when called in training mode."""
+
+COPY_FUNCTIONS = frozenset({torch.clone, torch.Tensor.clone})
+"""call_function targets whose result is a fresh copy by contract (``clone``): the program asked for it."""
+
+_KNOWN_MODULE_PREFIXES = ("torch.nn.modules.", "torch.ao.nn.", "torch.nn.intrinsic.", "torch.nn.qat.",
+                          "torch.nn.quantized.")
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+# ---------------------------------------------------------------------------
+# What a call is
+# ---------------------------------------------------------------------------
+
+
+def function_is_known(target: Any) -> bool:
+    """Whether ``target`` (a call_function target) is a function fxrules knows to compute from its
+    arguments only (its in-place writes aside): see the module docstring."""
+    if fxaccess.is_op_overload(target) or fxaccess.is_op_packet(target):
+        return True
+    try:
+        if target in EFFECTFUL_FUNCTIONS:
+            return False
+        if target in PURE_BUILTINS:
+            return True
+    except TypeError:  # an unhashable target
+        return False
+    if getattr(target, "__objclass__", None) in fxaccess.TENSOR_METHOD_OWNERS:
+        return True
+    module = getattr(target, "__module__", None)
+    return isinstance(module, str) and module in PURE_MODULES
+
+
+def method_is_known(name: Any) -> bool:
+    """Whether a call_method name is a Tensor method without effects beyond ``self`` and its output."""
+    return isinstance(name, str) and name not in EFFECTFUL_METHODS and hasattr(torch.Tensor, name)
+
+
+def module_class_is_known(cls: type, computes_as: Callable[[type, type], bool]) -> bool:
+    """Whether modules of class ``cls`` compute as a torch.nn class: a torch.nn class itself (not a
+    container, whose calls run its children), or a subclass of one that ``computes_as`` it."""
+    for base in cls.__mro__:
+        module = getattr(base, "__module__", "") or ""
+        if module.startswith(_KNOWN_MODULE_PREFIXES) and base is not nn.Module:
+            if issubclass(base, _CONTAINERS):
+                return False
+            return base is cls or computes_as(cls, base)
+    return False
+
+
+def module_draws_random(module: nn.Module) -> bool:
+    """A train-mode dropout or RReLU (dropout with ``p == 0`` returns its input and draws nothing)."""
+    if not isinstance(module, RANDOM_MODULES) or not module.training:
+        return False
+    return not (isinstance(module, fxaccess.DROPOUT_BASE) and getattr(module, "p", None) == 0)
+
+
+def module_updates_statistics(module: nn.Module) -> bool:
+    """A norm module in training mode that tracks running statistics: calling it writes its buffers."""
+    return isinstance(module, RUNNING_STATS_MODULES) and module.training and \
+        bool(getattr(module, "track_running_stats", False))
+
+
+def function_draws_random(target: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether this call_function call draws random numbers."""
+    if fxaccess.is_op_overload(target):
+        if not fxaccess.op_draws_random(target):
+            return False
+        if fxaccess.op_name(target) in _SCHEMA_LIES or fxaccess.op_name(target) == "native_dropout":
+            train = args[2] if len(args) > 2 else kwargs.get("train", True)
+            return train is not False
+        return True
+    try:
+        if target in RANDOM_FUNCTIONS:
+            return True
+        default = DROPOUT_FUNCTIONS.get(target, _NOT_DROPOUT)
+    except TypeError:
+        return False
+    if default is _NOT_DROPOUT:
+        return False
+    training = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train", default))
+    if training is False:
+        return False
+    p = args[1] if len(args) > 1 else kwargs.get("p")
+    return not (p == 0 and type(p) in (int, float))
+
+
+_NOT_DROPOUT = object()
+
+
+def method_draws_random(name: Any) -> bool:
+    return isinstance(name, str) and name in RANDOM_METHODS
+
+
+# ---------------------------------------------------------------------------
+# Aliasing of graph values
+# ---------------------------------------------------------------------------
+
+
+class Aliasing:
+    """Bases, roots, descendants and storage trees of one graph's nodes (see the module docstring).
+
+    ``module_of`` names the modules of call_module nodes, ``attr_of`` the tensors of get_attr
+    nodes; ``module_is_known`` says whether a module computes as a torch.nn class. What a target
+    is (a view, self-returning, fresh, unknown) is remembered per target for the run; bases are
+    computed per node (a rewrite rewires arguments).
+    """
+
+    def __init__(self, module_of: Callable[[str], Any], attr_of: Optional[Callable[[str], Any]],
+                 module_is_known: Callable[[Any], bool]):
+        self.module_of = module_of
+        self.attr_of = attr_of
+        self.module_is_known = module_is_known
+        self._function_kinds: dict = {}
+        self._keys: dict = {}  # get_attr target -> storage key of its tensor (None: not a tensor)
+
+    # -- one node ------------------------------------------------------------------
+    def bases(self, node: fx.Node) -> tuple:
+        """The input nodes ``node``'s value may share storage with (empty: a fresh value or none)."""
+        op = node.op
+        if op == "call_function":
+            return self._function_bases(node)
+        if op == "call_method":
+            name = node.target
+            if not node.args or not isinstance(node.args[0], fx.Node):
+                return tuple(node.all_input_nodes) if not method_is_known(name) else ()
+            if not method_is_known(name):
+                return tuple(node.all_input_nodes)
+            if name in VIEW_METHODS or name in SELF_RETURNING_METHODS or writes_by_name(name):
+                return (node.args[0],)
+            return ()
+        if op == "call_module":
+            module = self.module_of(node.target)
+            if module is None or not self.module_is_known(module):
+                return tuple(node.all_input_nodes)
+            if isinstance(module, ALIASING_MODULES) or getattr(module, "inplace", False) is True:
+                return tuple(a for a in node.args[:1] if isinstance(a, fx.Node))
+            return ()
+        return ()
+
+    def _function_bases(self, node: fx.Node) -> tuple:
+        target = node.target
+        try:
+            kind = self._function_kinds.get(target)
+        except TypeError:
+            return tuple(node.all_input_nodes)
+        if kind is None:
+            kind = self._function_kinds[target] = function_kind(target)
+        out = node.kwargs.get("out") if node.kwargs else None
+        if isinstance(out, fx.Node):
+            return (out,)
+        if kind == _FRESH:
+            if node.kwargs and node.kwargs.get("inplace") is True and node.args and isinstance(node.args[0], fx.Node):
+                return (node.args[0],)
+            return ()
+        if kind == _FIRST:
+            first = node.args[0] if node.args else None
+            return (first,) if isinstance(first, fx.Node) else ()
+        if kind == _GETATTR:
+            if len(node.args) > 1 and node.args[1] in VIEW_ATTRIBUTES and isinstance(node.args[0], fx.Node):
+                return (node.args[0],)
+            return ()
+        if kind == _SCHEMA:
+            return _schema_bases(node)
+        return tuple(node.all_input_nodes)  # _ALL: unknown, or views of every argument
+
+    # -- walks -----------------------------------------------------------------
+    def roots(self, node: fx.Node) -> set:
+        """The nodes whose storage ``node``'s value may come from: walking bases up to nodes without any."""
+        found: set = set()
+        seen = {node}
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            bases = self.bases(current)
+            if not bases:
+                found.add(current)
+            for base in bases:
+                if base not in seen:
+                    seen.add(base)
+                    stack.append(base)
+        return found
+
+    def descendants(self, node: fx.Node) -> dict:
+        """``node`` and every node that may share storage with it through it (views, views of views),
+        as an ordered set."""
+        found = {node: None}
+        stack = [node]
+        while stack:
+            current = stack.pop()
+            for user in current.users:
+                if user not in found and user.op != "output" and current in self.bases(user):
+                    found[user] = None
+                    stack.append(user)
+        return found
+
+    def storage_tree(self, node: fx.Node) -> dict:
+        """Every node that may share storage with ``node``: the descendants of its roots, and of
+        get_attr nodes holding a tensor of the same storage (tied parameters)."""
+        tree: dict = {}
+        roots = self.roots(node)
+        for root in list(roots):
+            if root.op == "get_attr":
+                roots.update(self.tied(root))
+        for root in roots:
+            tree.update(self.descendants(root))
+        return tree
+
+    def tied(self, node: fx.Node) -> list:
+        """get_attr nodes of ``node``'s graph whose tensor shares ``node``'s tensor's storage."""
+        if self.attr_of is None or node.graph is None:
+            return []
+        key = self.storage_key_of(node)
+        if key is None:
+            return []
+        return [n for n in node.graph.find_nodes(op="get_attr") if n is not node and self.storage_key_of(n) == key]
+
+    def storage_key_of(self, node: fx.Node) -> Any:
+        """The storage key of the tensor a get_attr node reads (None for anything else), remembered
+        per target for the run: a target names one tensor (new modules get new names)."""
+        target = node.target
+        key = self._keys.get(target, _NO_KEY)
+        if key is _NO_KEY:
+            try:
+                value = self.attr_of(target)
+            except Exception:
+                value = None
+            key = self._keys[target] = storage_key(value) if isinstance(value, torch.Tensor) else None
+        return key
+
+    def first_write(self, nodes: Iterable[fx.Node], written_by: Callable[[fx.Node], list],
+                    skip: Any = (), after: Optional[fx.Node] = None,
+                    before: Optional[fx.Node] = None) -> Optional[tuple]:
+        """``(written node, writer)`` for the earliest node outside ``skip`` (strictly after ``after``
+        and before ``before`` when given) that writes one of ``nodes`` in place, or None."""
+        best: Optional[tuple] = None
+        for value in nodes:
+            for user in value.users:
+                if user in skip or (after is not None and not after < user) \
+                        or (before is not None and not user < before):
+                    continue
+                if value in written_by(user) and (best is None or user < best[1]):
+                    best = (value, user)
+        return best
+
+
+_NO_KEY = object()
+
+_FRESH, _FIRST, _ALL, _SCHEMA, _GETATTR = "fresh", "first", "all", "schema", "getattr"
+FRESH_KIND = _FRESH
+""":func:`function_kind` of a function whose result never shares storage with its arguments."""
+
+
+def function_kind(target: Any) -> str:
+    """How a call_function target's result may share storage with its arguments: ``fresh`` (never),
+    ``first`` (its first argument), ``schema`` (as its operator schema says), ``getattr`` (a view
+    attribute), ``all`` (any argument: a function the engine does not know, or ``broadcast_tensors``)."""
+    try:
+        return _function_kind(target)
+    except TypeError:  # an unhashable target
+        return _ALL
+
+
+def _function_kind(target: Any) -> str:
+    if fxaccess.is_op_overload(target):
+        if fxaccess.op_name(target) in _SCHEMA_LIES:
+            return _FIRST
+        return _SCHEMA
+    if fxaccess.is_op_packet(target):
+        return _ALL
+    if target is builtins.getattr:
+        return _GETATTR
+    if target is operator.getitem:
+        return _FIRST
+    if target in ALL_INPUT_VIEW_FUNCTIONS:
+        return _ALL
+    if target in VIEW_FUNCTIONS or writes_by_name(getattr(target, "__name__", "")) \
+            or target in _INPLACE_OPERATOR_FUNCTIONS:
+        return _FIRST
+    if not function_is_known(target):
+        return _ALL
+    return _FRESH
+
+
+_INPLACE_OPERATOR_FUNCTIONS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                         operator.ifloordiv, operator.imod, operator.ipow, operator.iand,
+                                         operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+                                         operator.imatmul})
+
+
+def writes_by_name(name: Any) -> bool:
+    """An in-place method or function by torch's naming convention (``add_``, ``relu_``), or an
+    in-place dunder (``__iadd__``, ``__setitem__``)."""
+    if not isinstance(name, str):
+        return False
+    if name.endswith("__"):
+        return name in _INPLACE_DUNDERS
+    return name.endswith("_") and not name.startswith("_")
+
+
+_INPLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                              "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+                              "__imatmul__", "__setitem__", "__delitem__"})
+
+
+def op_result_may_alias(target: Any) -> bool:
+    """Whether an ``OpOverload``'s result may share storage with an argument: its schema annotates
+    a return (or an argument ``a -> *``), or it is one of the dropout ops that return their input."""
+    if fxaccess.op_name(target) in _SCHEMA_LIES:
+        return True
+    schema = fxaccess.op_schema(target)
+    if any(value.alias_info is not None and (value.alias_info.before_set or value.alias_info.after_set)
+           for value in schema.returns):
+        return True
+    return any(argument.alias_info is not None and "*" in argument.alias_info.after_set
+               for argument in schema.arguments)
+
+
+def _schema_bases(node: fx.Node) -> tuple:
+    """The arguments an operator's schema says its outputs alias (``Tensor(a) self -> Tensor(a)``;
+    ``Tensor(a -> *) self -> Tensor(a)[]`` for the pieces of ``split``)."""
+    schema = fxaccess.op_schema(node.target)
+    returned: set = set()
+    for value in schema.returns:
+        info = value.alias_info
+        if info is not None:
+            returned |= set(info.before_set) | set(info.after_set)
+    found = []
+    for i, argument in enumerate(schema.arguments):
+        info = argument.alias_info
+        if info is None:
+            continue
+        if not (returned & (set(info.before_set) | set(info.after_set)) or "*" in info.after_set):
+            continue
+        value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+        if isinstance(value, fx.Node):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, fx.Node))
+    return tuple(found)
+
+
+def storage_key(tensor: torch.Tensor) -> Any:
+    """What identifies ``tensor``'s storage: its device and data pointer, or the storage object for
+    tensors without data (meta, fake)."""
+    try:
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+    except Exception:
+        return ("tensor", id(tensor))
+    if pointer:
+        return (str(tensor.device), pointer)
+    return ("tensor", id(tensor))
+

@@ -1,0 +1,647 @@
+"""Effects, values as of the match point, aliasing, subclasses (issue 20).
+
+Each class has a deliberately wrong rule that the engine refuses (its stable code asserted),
+the model's outputs kept, and the sound cases that still rewrite.
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+import fxrules
+from fxrules.engine.aliasing import Aliasing
+from fxrules.engine.matcher import computes_as
+from fxrules.engine.planner import Effects
+from fxrules.engine.refusals import MissCode, RefusalCode
+
+RULES = Path(__file__).resolve().parents[2] / "rules"
+
+CALLS: list = []
+
+
+def record(x):
+    """A function with a global side effect, traced as one call_function node."""
+    CALLS.append(x.shape)
+    return x.sum()
+
+
+fx.wrap("record")
+
+
+def rules(text: str) -> fxrules.RuleSet:
+    return fxrules.parse_rules(text, source="effects.fxr")
+
+
+def codes(result) -> list:
+    return [r.code for r in result.report.rejected]
+
+
+def same(a, b) -> bool:
+    if isinstance(a, (tuple, list)):
+        return all(same(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------
+# Effects: unknown callables
+# ---------------------------------------------------------------------------
+
+
+class Records(nn.Module):
+    def forward(self, x):
+        r = record(x)
+        return x + r * 0
+
+
+def test_a_wrapped_function_left_unused_by_a_rewrite_survives():
+    result = fxrules.apply_rules(Records(), rules(
+        "rule drop [changes]: call_function operator.add($x, call_function operator.mul($y, 0)) -> $x"))
+    assert result.counts == {"drop": 1}
+    assert record in [n.target for n in result.module.graph.nodes]  # dead, and kept: it has an effect
+    CALLS.clear()
+    result.module(torch.ones(3))
+    assert CALLS == [torch.Size([3])]
+
+
+def test_which_calls_are_known_pure():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    nodes = {
+        "relu": graph.call_function(torch.relu, (x,)),
+        "F.relu": graph.call_function(F.relu, (x,)),
+        "add": graph.call_function(operator.add, (x, 1)),
+        "aten": graph.call_function(torch.ops.aten.relu.default, (x,)),
+        "method": graph.call_method("sum", (x,)),
+        "record": graph.call_function(record, (x,)),
+        "print": graph.call_function(print, (x,)),
+        "unknown method": graph.call_method("update", (x,)),
+        "add_": graph.call_method("add_", (x, 1)),
+    }
+    effects = Effects({}.get)
+    found = {name: effects.side_effect(node) for name, node in nodes.items()}
+    assert found["relu"] is found["F.relu"] is found["add"] is found["aten"] is found["method"] is None
+    assert "cannot prove pure" in found["record"] and "cannot prove pure" in found["unknown method"]
+    assert found["print"] == "%print_1 calls print, which has a side effect"
+    assert found["add_"] == "%add__1 modifies its input in place" or "modifies its input in place" in found["add_"]
+    assert effects.mutated_inputs(nodes["record"]) == [x]  # an unknown call may write what it is passed
+    assert effects.declared_writes(nodes["record"]) == []  # ... but declares nothing
+
+
+class Leaf(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class LeafTracer(fx.Tracer):
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, Leaf) or super().is_leaf_module(m, qualname)
+
+
+def test_a_user_leaf_module_is_unknown_and_kept_when_unused():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.leaf = Leaf()
+
+        def forward(self, x):
+            return x + self.leaf(x) * 0
+
+    result = fxrules.apply_rules(M(), rules(
+        "rule drop [changes]: call_function operator.add($x, call_function operator.mul($y, 0)) -> $x"),
+        tracer=LeafTracer())
+    assert result.counts == {"drop": 1}
+    assert [n.target for n in result.module.graph.nodes if n.op == "call_module"] == ["leaf"]
+
+
+# ---------------------------------------------------------------------------
+# Effects: random draws
+# ---------------------------------------------------------------------------
+
+
+class DropoutThenRandom(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(x) + torch.rand_like(x)
+
+
+def seeded_call(module, x, seed=0):
+    torch.manual_seed(seed)
+    return module(x)
+
+
+def test_removing_a_train_mode_dropout_is_refused_under_approx_and_outputs_kept():
+    model = DropoutThenRandom().train()
+    result = fxrules.apply_rules(model, rules("rule wrong [approx]: call_module Dropout($x) -> $x"))
+    assert result.counts == {} and codes(result) == [RefusalCode.CHANGES_RANDOM_DRAWS]
+    x = torch.randn(4, 8)
+    assert torch.equal(seeded_call(result.module, x), seeded_call(model, x))
+
+
+def test_eval_mode_dropout_draws_nothing_and_is_removed():
+    model = DropoutThenRandom().eval()
+    result = fxrules.apply_rules(model, fxrules.load_rules(RULES / "cleanup" / "dropout.fxr"))
+    assert result.counts == {"remove_dropout": 1}
+    x = torch.randn(4, 8)
+    assert torch.equal(seeded_call(result.module, x), seeded_call(model, x))
+
+
+def test_changes_may_change_random_draws():
+    result = fxrules.apply_rules(DropoutThenRandom().train(),
+                                 rules("rule r [changes]: call_module Dropout($x) -> $x"))
+    assert result.counts == {"r": 1}
+
+
+def random_unused() -> fx.GraphModule:
+    """``x + aten.rand_like(x) * 0`` and a second draw after it (torch calls ``aten.rand_like`` pure:
+    left unused, it would be erased; torch.fx keeps ``torch.rand_like`` itself)."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    drawn = graph.call_function(torch.ops.aten.rand_like.default, (x,))
+    added = graph.call_function(operator.add, (x, graph.call_function(operator.mul, (drawn, 0))))
+    graph.output((added, graph.call_function(torch.ops.aten.rand_like.default, (x,))))
+    return fx.GraphModule(nn.Module(), graph)
+
+
+def test_a_random_input_the_rewrite_would_leave_unused_is_refused():
+    text = "rule r [{}]: call_function operator.add($x, call_function operator.mul($y, 0)) -> $x"
+    model = random_unused()
+    result = fxrules.apply_rules(model, rules(text.format("approx")))
+    assert codes(result) == [RefusalCode.CHANGES_RANDOM_DRAWS] and result.report.rejected[0].nodes == ("rand_like_default",)
+    x = torch.randn(3)
+    assert same(seeded_call(result.module, x), seeded_call(model, x))
+    changed = fxrules.apply_rules(model, rules(text.format("changes")))
+    assert changed.counts == {"r": 1}
+    assert not same(seeded_call(changed.module, x)[1], seeded_call(model, x)[1])  # what [approx] refused
+
+
+def test_a_replacement_that_adds_a_random_draw_is_refused():
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.relu(x)
+
+    result = fxrules.apply_rules(M(), rules(
+        "rule r [approx]: call_function torch.relu($x) -> call_function F.dropout(call_function F.relu($x), 0.5, True)"))
+    assert codes(result) == [RefusalCode.CHANGES_RANDOM_DRAWS]
+
+
+# ---------------------------------------------------------------------------
+# Effects: hooks
+# ---------------------------------------------------------------------------
+
+
+class Doubler(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.5).eval()
+
+    def forward(self, x):
+        return self.drop(x)
+
+
+@pytest.mark.parametrize("kind", ["forward", "forward_pre"])
+def test_a_module_with_hooks_is_not_removed(kind):
+    model = Doubler().eval()
+    if kind == "forward":
+        model.drop.register_forward_hook(lambda module, args, output: output * 2)
+    else:
+        model.drop.register_forward_pre_hook(lambda module, args: (args[0] * 2,))
+    result = fxrules.apply_rules(model, fxrules.load_rules(RULES / "cleanup" / "dropout.fxr"))
+    assert result.counts == {} and codes(result) == [RefusalCode.MODULE_HAS_HOOKS]
+    x = torch.randn(2, 3)
+    assert torch.equal(result.module(x), model(x)) and torch.equal(model(x), x * 2)
+
+
+def test_global_module_hooks_refuse_module_rewrites():
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: None)
+    try:
+        result = fxrules.apply_rules(Doubler().eval(), fxrules.load_rules(RULES / "cleanup" / "dropout.fxr"))
+        assert codes(result) == [RefusalCode.MODULE_HAS_HOOKS]
+        assert "global forward_hooks" in result.report.rejected[0].reason
+    finally:
+        handle.remove()
+    assert fxrules.apply_rules(Doubler().eval(), fxrules.load_rules(RULES / "cleanup" / "dropout.fxr")).counts == {
+        "remove_dropout": 1}
+
+
+# ---------------------------------------------------------------------------
+# Subclasses
+# ---------------------------------------------------------------------------
+
+
+class ChecksInput(nn.BatchNorm2d):
+    def _check_input_dim(self, input):
+        raise ValueError("never 4-D")
+
+
+class OwnForward(nn.BatchNorm2d):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+class Describes(nn.BatchNorm2d):
+    def describe(self):
+        return "a batch norm"
+
+
+class EpsProperty(nn.BatchNorm2d):
+    @property
+    def momentum_now(self):
+        return self.momentum
+
+    @momentum_now.setter
+    def momentum_now(self, value):
+        self.momentum = value
+
+
+class EpsDefault(nn.BatchNorm2d):
+    eps = 0.5  # the name of the instance's own state: not matched (the instance's value wins, but it is not checked)
+
+
+class Constructs(nn.BatchNorm2d):
+    def __init__(self, n):
+        super().__init__(n, eps=1e-3)
+
+    def extra_repr(self):
+        return "constructed"
+
+
+class BatchNormLeaves(fx.Tracer):
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, nn.BatchNorm2d) or super().is_leaf_module(m, qualname)
+
+
+@pytest.mark.parametrize("cls, matches", [
+    (nn.BatchNorm2d, True), (Describes, True), (Constructs, True),
+    (ChecksInput, False), (OwnForward, False), (EpsProperty, False), (EpsDefault, False),
+], ids=lambda v: v.__name__ if isinstance(v, type) else str(v))
+def test_a_module_pattern_matches_a_subclass_only_when_it_overrides_nothing_used(cls, matches):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.bn = cls(4)
+
+        def forward(self, x):
+            return self.bn(self.conv(x))
+
+    model = M().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+    library = fxrules.load_rules(RULES / "fold" / "conv_bn.fxr")
+    result = fxrules.apply_rules(model, library, tracer=BatchNormLeaves())
+    assert bool(result.counts) is matches
+    if not matches:
+        misses = fxrules.explain(model, library.select(names=["fold_conv2d_bn"]), tracer=BatchNormLeaves())
+        assert [m.code for m in misses] == [MissCode.TARGET_MISMATCH]
+    x = torch.randn(2, 3, 8, 8)
+    if cls is ChecksInput:
+        with pytest.raises(ValueError):
+            result.module(x)  # still the subclass, still checking
+    else:
+        torch.testing.assert_close(result.module(x), model(x))
+
+
+def test_computes_as_compares_class_dictionaries():
+    assert computes_as(Describes, nn.BatchNorm2d) and computes_as(Constructs, nn.BatchNorm2d)
+    assert not computes_as(ChecksInput, nn.BatchNorm2d)  # _BatchNorm's method
+    assert not computes_as(OwnForward, nn.BatchNorm2d)
+    assert computes_as(ChecksInput, ChecksInput)
+
+
+# ---------------------------------------------------------------------------
+# Values as of the match point
+# ---------------------------------------------------------------------------
+
+
+def written_buffer(write) -> fx.GraphModule:
+    """``write(graph, b)`` somewhere in a graph that returns ``x + b``."""
+    root = nn.Module()
+    root.register_buffer("b", torch.zeros(3))
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    write(graph, graph.get_attr("b"))
+    graph.output(graph.call_function(torch.add, (x, graph.get_attr("b"))))
+    return fx.GraphModule(root, graph)
+
+
+WRITES = {
+    "add_": lambda g, b: g.call_method("add_", (b, 1)),
+    "through a view": lambda g, b: g.call_method("add_", (g.call_method("view", (b, -1)), 1)),
+    "through a view of a view": lambda g, b: g.call_method(
+        "fill_", (g.call_method("unsqueeze", (g.call_method("view", (b, -1)), 0)), 1.0)),
+    "aten.copy_": lambda g, b: g.call_function(torch.ops.aten.copy_.default,
+                                               (b, g.call_function(torch.ops.aten.ones.default, ([3],)))),
+    "getitem": lambda g, b: g.call_method("zero_", (g.call_function(operator.getitem, (b, 0)),)),
+    "a split piece": lambda g, b: g.call_method(
+        "add_", (g.call_function(operator.getitem, (g.call_method("split", (b, 1)), 2)), 1)),
+}
+
+ADD_ZERO = "rule wrong [approx]: call_function torch.add($x, get_attr $b) where {} -> $x"
+
+
+@pytest.mark.parametrize("write", list(WRITES))
+def test_a_condition_reading_a_written_buffer_does_not_pass(write):
+    model = written_buffer(WRITES[write])
+    x = torch.randn(3)
+    expected = model(x)  # runs the write: b is no longer zero
+    model.b.zero_()
+    for condition in ("is_zero($b)", "not is_zero($b)", "not is_one($b)", "$b[0] == 0", "not ($b[0] == 1)"):
+        result = fxrules.apply_rules(model, rules(ADD_ZERO.format(condition)))
+        assert result.counts == {}, condition
+        misses = fxrules.explain(model, rules(ADD_ZERO.format(condition)))
+        assert [m.code for m in misses] == [MissCode.CONDITION_FALSE]
+    assert torch.equal(result.module(x), expected)
+    # metadata is still known
+    assert fxrules.apply_rules(model, rules(ADD_ZERO.format("$b.ndim == 1"))).counts == {"wrong": 1}
+
+
+def test_the_same_condition_passes_without_the_write():
+    model = written_buffer(lambda g, b: None)
+    assert fxrules.apply_rules(model, rules(ADD_ZERO.format("is_zero($b)"))).counts == {"wrong": 1}
+
+
+def test_a_tied_parameter_written_under_another_name_is_written():
+    root = nn.Module()
+    root.register_buffer("b", torch.zeros(3))
+    root.sub = nn.Module()
+    root.sub.register_buffer("c", root.b)  # the same tensor under a second name
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_method("add_", (graph.get_attr("sub.c"), 1))
+    graph.output(graph.call_function(torch.add, (x, graph.get_attr("b"))))
+    model = fx.GraphModule(root, graph)
+    assert fxrules.apply_rules(model, rules(ADD_ZERO.format("is_zero($b)"))).counts == {}
+
+
+def test_a_module_tensor_read_through_a_name_is_as_of_the_match_point():
+    root = nn.Module()
+    root.norm = nn.BatchNorm1d(3).eval()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_method("add_", (graph.get_attr("norm.running_mean"), 1))
+    graph.output(graph.call_module("norm", (x,)))
+    model = fx.GraphModule(root, graph)
+    text = "rule wrong [changes]: call_module BatchNorm1d($x) as n where {} -> $x"
+    assert fxrules.apply_rules(model, rules(text.format("is_zero(n.running_mean)"))).counts == {}
+    assert fxrules.apply_rules(model, rules(text.format("not is_one(n.running_mean)"))).counts == {}
+    assert fxrules.apply_rules(model, rules(text.format("n.running_mean.shape[0] == 3"))).counts == {"wrong": 1}
+
+
+def test_a_train_mode_norm_updates_its_statistics():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.BatchNorm1d(3)
+
+        def forward(self, x):
+            return self.norm(x)
+
+    text = "rule wrong [changes]: call_module BatchNorm1d($x) as n where is_zero(n.running_mean) -> $x"
+    result = fxrules.apply_rules(M().train(), rules(text))
+    assert result.counts == {}
+    assert fxrules.apply_rules(M().eval(), rules(text)).counts == {"wrong": 1}
+
+
+def test_a_builder_does_not_read_a_written_buffer():
+    root = nn.Module()
+    root.conv = nn.Conv2d(3, 4, 3)
+    root.bn = nn.BatchNorm2d(4).eval()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.call_method("add_", (graph.get_attr("bn.running_mean"), 1))
+    graph.output(graph.call_module("bn", (graph.call_module("conv", (x,)),)))
+    model = fx.GraphModule(root, graph)
+    result = fxrules.apply_rules(model, fxrules.load_rules(RULES / "fold" / "conv_bn.fxr"))
+    assert codes(result) == [RefusalCode.READS_WRITTEN_VALUE]
+    x = torch.randn(1, 3, 6, 6)
+    expected = model(x)
+    model.bn.running_mean.sub_(1)
+    assert torch.equal(result.module(x), expected)
+
+
+# ---------------------------------------------------------------------------
+# Aliasing
+# ---------------------------------------------------------------------------
+
+
+def test_bases_follow_schemas_tables_and_unknown_calls():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    view = graph.call_method("view", (x, -1))
+    piece = graph.call_function(operator.getitem, (graph.call_method("split", (view, 2)), 0))
+    aten_view = graph.call_function(torch.ops.aten.view.default, (x, [-1]))
+    aten_split = graph.call_function(torch.ops.aten.split.Tensor, (x, 2))
+    inplace = graph.call_method("add_", (x, 1))
+    fresh = graph.call_function(torch.relu, (x,))
+    aten_fresh = graph.call_function(torch.ops.aten.clone.default, (x,))
+    unknown = graph.call_function(record, (x,))
+    transposed = graph.call_function(getattr, (fresh, "T"))
+    shape = graph.call_function(getattr, (fresh, "shape"))
+    graph.output((piece, aten_view, aten_split, inplace, unknown, transposed, shape, aten_fresh))
+    analysis = Aliasing({}.get, None, lambda m: True)
+    assert analysis.bases(view) == (x,) and analysis.bases(aten_view) == (x,) and analysis.bases(aten_split) == (x,)
+    assert analysis.bases(inplace) == (x,) and analysis.bases(unknown) == (x,)
+    assert analysis.bases(fresh) == () and analysis.bases(aten_fresh) == () and analysis.bases(shape) == ()
+    assert analysis.bases(transposed) == (fresh,)
+    assert analysis.roots(piece) == {x}
+    tree = analysis.storage_tree(piece)
+    assert {view, piece, aten_view, aten_split, inplace, unknown} <= set(tree) and fresh not in tree
+
+
+class MulOneWrittenThroughView(nn.Module):
+    def forward(self, x):
+        y = x * 1
+        y.view(-1)[0:2].fill_(5.0)  # a write to a view of a view of y
+        return x, y
+
+
+class MulOneWrittenThroughPiece(nn.Module):
+    def forward(self, x):
+        y = x * 1
+        first, _ = y.split(1)
+        first.zero_()
+        return x, y
+
+
+class InputWrittenThroughViewLater(nn.Module):
+    def forward(self, x):
+        y = x * 1
+        x.view(-1).add_(1)
+        return y + 0
+
+
+class ReadAcrossViewWrite(nn.Module):
+    def forward(self, x):
+        a = x * 1
+        b = torch.neg(a)
+        a.view(-1).add_(100)
+        return torch.relu(b)
+
+
+MUL_ONE = "rule wrong: call_function operator.mul($x, 1) -> $x"
+
+
+@pytest.mark.parametrize("model_class, text, code", [
+    (MulOneWrittenThroughView, MUL_ONE, RefusalCode.REPLACED_NODE_MUTATED),
+    (MulOneWrittenThroughPiece, MUL_ONE, RefusalCode.REPLACED_NODE_MUTATED),
+    (InputWrittenThroughViewLater, MUL_ONE, RefusalCode.ALIAS_MUTATED_LATER),
+    (ReadAcrossViewWrite, "rule wrong: call_function torch.relu(call_function torch.neg($a))"
+     " -> call_function F.relu(call_function torch.neg($a))", RefusalCode.READS_ACROSS_MUTATION),
+], ids=lambda v: v.__name__ if isinstance(v, type) else "")
+def test_writes_through_views_are_seen(model_class, text, code):
+    model = model_class()
+    result = fxrules.apply_rules(model, rules(text))
+    assert codes(result) == [code]
+    x = torch.randn(2, 3)
+    assert same(result.module(x.clone()), model(x.clone()))
+
+
+def test_a_rewrite_of_a_view_whose_result_is_written_is_refused():
+    class M(nn.Module):
+        def forward(self, x):
+            y = x.reshape(-1).reshape(2, 3)
+            y.add_(1)
+            return x
+
+    result = fxrules.apply_rules(M(), fxrules.load_rules(RULES / "cleanup" / "reshape.fxr").select(
+        names=["reshape_chain"]))
+    assert codes(result) == [RefusalCode.REPLACED_NODE_MUTATED]
+
+
+def test_a_replacement_may_write_a_value_it_made():
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.relu(x * 2), x
+
+    result = fxrules.apply_rules(M(), rules(
+        "rule r: call_function torch.relu(call_function operator.mul($x, 2))"
+        " -> call_method relu_(call_function operator.mul($x, 2))"))
+    assert result.counts == {"r": 1}
+    x = torch.randn(3)
+    assert same(result.module(x.clone()), M()(x.clone()))
+
+
+# ---------------------------------------------------------------------------
+# Outputs that alias
+# ---------------------------------------------------------------------------
+
+
+def test_an_output_may_not_come_to_alias_a_parameter_or_another_output():
+    class Param(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return self.w * 1 + 0, self.w * 1
+
+    class TwoOutputs(nn.Module):
+        def forward(self, x):
+            return x * 1, x
+
+    for model_class, origin in ((Param, "w"), (TwoOutputs, "x")):
+        result = fxrules.apply_rules(model_class(), rules(MUL_ONE))
+        refused = [r for r in result.report.rejected if r.code is RefusalCode.OUTPUT_ALIAS_INTRODUCED]
+        assert [r.nodes[1] for r in refused] == [origin]
+
+
+# ---------------------------------------------------------------------------
+# clone and detach removal (rules/cleanup/copies.fxr)
+# ---------------------------------------------------------------------------
+
+
+COPIES = RULES / "cleanup" / "copies.fxr"
+
+
+class CloneThenUse(nn.Module):
+    def forward(self, x):
+        return torch.relu(x).clone() * 2
+
+
+class CloneWrittenThroughView(nn.Module):
+    def forward(self, x):
+        a = torch.relu(x)
+        y = a.clone()
+        y[:, 0].zero_()
+        return a + 0, y + 0
+
+
+class CloneThenSourceWritten(nn.Module):
+    def forward(self, x):
+        a = torch.relu(x)
+        y = a.clone()
+        a.add_(1)
+        return a + 0, y + 0
+
+
+class CloneReturned(nn.Module):
+    def forward(self, x):
+        return x.clone()
+
+
+class CloneChannelsLast(nn.Module):
+    def forward(self, x):
+        return torch.relu(x).clone(memory_format=torch.channels_last) * 1
+
+
+class CloneTransposed(nn.Module):
+    def forward(self, x):
+        return torch.relu(x).t().clone() * 1
+
+
+@pytest.mark.parametrize("model_class, applied, code", [
+    (CloneThenUse, True, None),
+    (CloneWrittenThroughView, False, RefusalCode.REPLACED_NODE_MUTATED),
+    (CloneThenSourceWritten, False, RefusalCode.ALIAS_MUTATED_LATER),
+    (CloneReturned, False, RefusalCode.OUTPUT_ALIAS_INTRODUCED),
+    (CloneChannelsLast, False, None),
+    (CloneTransposed, False, None),
+], ids=lambda v: v.__name__ if isinstance(v, type) else "")
+def test_clone_removal(model_class, applied, code):
+    model = model_class()
+    x = torch.randn(2, 3, 4, 4) if model_class is CloneChannelsLast else torch.randn(2, 3)
+    result = fxrules.apply_rules(model, fxrules.load_rules(COPIES).select(names=["clone_noop"]),
+                                 example_inputs=(x,))
+    assert bool(result.counts) is applied
+    assert [r.code for r in result.report.rejected] == ([] if code is None else [code])
+    out, expected = result.module(x.clone()), model(x.clone())
+    assert same(out, expected)
+    if model_class is CloneReturned:
+        assert out.data_ptr() != x.data_ptr()
+
+
+def test_detach_removal_only_for_integer_and_bool_tensors():
+    class M(nn.Module):
+        def forward(self, x):
+            return torch.argmax(x, 1).detach() * 2, torch.relu(x).detach() * 2
+
+    x = torch.randn(2, 8)
+    result = fxrules.apply_rules(M(), fxrules.load_rules(COPIES).select(names=["detach_int_noop"]),
+                                 example_inputs=(x,))
+    assert result.counts == {"detach_int_noop": 1}
+    assert [n.target for n in result.module.graph.nodes if n.op == "call_method"] == ["detach"]
+    assert same(result.module(x), M()(x))
+
+
+def test_the_private_torch_members_this_reads():
+    from fxrules.engine import fxaccess
+
+    aten = torch.ops.aten
+    assert fxaccess.is_op_packet(aten.add) and not fxaccess.is_op_packet(aten.add.Tensor)
+    assert fxaccess.op_name(aten.dropout.default) == "dropout"
+    assert fxaccess.op_draws_random(aten.bernoulli.default) and not fxaccess.op_draws_random(aten.relu.default)
+    assert fxaccess.global_hook_kinds() == []
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
+    try:
+        assert fxaccess.global_hook_kinds() == ["forward_pre_hooks"]
+    finally:
+        handle.remove()
