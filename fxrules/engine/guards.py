@@ -19,8 +19,8 @@ it was. The checks, in the order they run (the first refusal wins):
   (``view``, ``as_strided``, ``stride()``, ``is_contiguous()``, ...), the replacement's strides
   equal the root's (dimensions of size 1 do not count: torch ignores their strides).
 * ``output-aliased``: whatever the contract, a graph output the rewrite changes does not come
-  to share storage with a parameter, a buffer, an input or another output unless it did before
-  (storage identity of fake tensors).
+  to share storage with a parameter, a buffer or another output unless it did before (storage
+  identity of fake tensors). Inputs are not protected: returning one's input is ordinary.
 
 The replacement's values come from :class:`DryRun`: each call of the replacement runs on fake
 tensors (modules as fake copies), never on the model's real tensors or modules; where a fake run
@@ -458,8 +458,8 @@ def _outputs(graph: fx.Graph) -> list:
 
 def output_aliased(work: Any, match: Match, values: tuple) -> Optional[Refusal]:
     """A graph output that shares storage with a root (the root itself, or a view of it) would share
-    the replacement's storage instead: refused when that storage is a parameter's, a buffer's, an
-    input's or another output's and the root's was not."""
+    the replacement's storage instead: refused when that storage is a parameter's, a buffer's or
+    another output's and the root's was not."""
     outputs = _outputs(work.graph)
     if not outputs:
         return None
@@ -484,13 +484,12 @@ def output_aliased(work: Any, match: Match, values: tuple) -> Optional[Refusal]:
 
 
 def _aliases(work: Any, outputs: list, keys: list, key: Optional[int], affected: list) -> list:
-    """What shares storage ``key``: parameters, buffers, inputs (in graph order), other outputs."""
+    """What shares storage ``key``: parameters and buffers (in graph order), other outputs. Not the
+    inputs: a module returning its input or a view of it is ordinary (``nn.Identity``, eval-mode
+    dropout, ``flatten``), and the caller owns it (docs/semantics.md)."""
     if key is None:
         return []
     found = []
-    for node in work.graph.find_nodes(op="placeholder"):
-        if _storage(node.meta.get("val")) == key:
-            found.append(f"the input %{node.name}")
     for node in work.graph.find_nodes(op="get_attr"):
         if _storage(node.meta.get("val")) == key:
             kind = "parameter" if isinstance(work.attr_of(node.target), nn.Parameter) else "buffer"

@@ -204,7 +204,7 @@ def test_layout_is_kept_only_where_a_later_node_reads_strides():
     assert approx.counts == {"wrong_contiguous": 1}
 
 
-def test_output_aliasing_of_inputs_and_of_other_outputs_is_refused():
+def test_output_aliasing_of_other_outputs_is_refused_and_of_inputs_allowed():
     class Copies(nn.Module):
         def forward(self, x):
             return x * 1, x
@@ -217,11 +217,16 @@ def test_output_aliasing_of_inputs_and_of_other_outputs_is_refused():
         def forward(self, x):
             return self.p.clone() + 0 * x.sum(), self.p.clone()
 
+    class Scaled(nn.Module):
+        def forward(self, x):
+            return x * 1
+
     x = randn(3)
-    refused = fxrules.apply_rules(Copies(), rules("rule r [exact]: call_function operator.mul($x, 1) -> $x"),
-                                  example_inputs=(x,))
+    mul_one = rules("rule r [exact]: call_function operator.mul($x, 1) -> $x")
+    refused = fxrules.apply_rules(Copies(), mul_one, example_inputs=(x,))
     [rejected] = refused.report.rejected
-    assert rejected.code is RefusalCode.OUTPUT_ALIASED and "the input %x" in rejected.reason
+    assert rejected.code is RefusalCode.OUTPUT_ALIASED and "the output %x" in rejected.reason
+    assert fxrules.apply_rules(Scaled(), mul_one, example_inputs=(x,)).counts == {"r": 1}  # returns its input
     out = fxrules.apply_rules(CloneOfParameter().eval(), rules("rule r [exact]: call_method clone($x) -> $x"),
                               example_inputs=(x,))
     assert [r.code for r in out.report.rejected] == [RefusalCode.OUTPUT_ALIASED]  # the returned clone
