@@ -420,7 +420,6 @@ everywhere else): docs/semantics.md."""
 
 def _apply_one(module: torch.nn.Module, single: RuleSet, name: str, inputs: tuple):
     from fxrules.engine.driver import run_apply
-    from fxrules.engine.program import compile_rules
 
     # with metadata, always: the engine's contract guards decide on it (fxrules.engine.guards)
     result = run_apply(module, single, example_inputs=inputs)

@@ -424,3 +424,20 @@ def test_the_input_model_is_not_modified_by_guards():
     fxrules.apply_rules(model, FOLD, example_inputs=(randn(2, 3, 8, 8),))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ---------------------------------------------------------------------------
+# the verifier's host graphs run with metadata: a guard refusal is a counterexample
+# ---------------------------------------------------------------------------
+
+
+def test_the_verifier_reports_a_guard_refusal_as_a_counterexample():
+    """mul(x, ones_like(y)) -> x keeps every value, but not the shape where y broadcasts x: its
+    example is refused by the engine (shape-changed), and the verifier grades the rule wrong."""
+    text = ("rule keeps_values_not_shape [approx]: call_function torch.mul($x, call_function torch.ones_like($y)) "
+            "-> $x\n"
+            "    example: call_function torch.mul($x, call_function torch.ones_like($y)) given $x: [2, 1], $y: [2, 3]\n")
+    report = fxrules.verify(fxrules.parse_rules(text, source="wrong.fxr"), max_examples=5, seed=0, database=None)
+    [verdict] = report.verdicts
+    assert verdict.grade == "wrong"
+    assert verdict.counterexample.problem.startswith("the engine refused the rewrite (shape-changed)")
