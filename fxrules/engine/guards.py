@@ -172,6 +172,9 @@ class DryRun:
         """The call on zero-filled real tensors of the values' metadata, a module as a deep copy, with
         the random number generators forked: what it changes is dropped with the copy. The result is
         returned as fake tensors of the graph's mode (meta tensors where the graph's values are)."""
+        if module is None and not _holds_tensor((args, kwargs)):
+            # literals only: their size is the rule's to choose, not the example's (SECURITY.md)
+            raise RuntimeError("a call on literals only is not run for real")
         if module is not None:
             module = copy.deepcopy(module)
         with torch.random.fork_rng(devices=[]):
@@ -190,6 +193,16 @@ def _function(item: RCall, module: Optional[nn.Module], args: tuple) -> Callable
 
 def _rest(item: RCall, args: tuple) -> tuple:
     return tuple(args[1:]) if item.op == "call_method" else args
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    return False
 
 
 def _first_unknown(value: Any) -> Optional[Unknown]:
