@@ -34,7 +34,7 @@ from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report
 from fxrules.lang.ruleset import RuleSet
 from fxrules.engine.budget import Budget, RealRunGuard, Unsized
 from fxrules.engine.errors import AllocationRefused, ModelError, RewriteError, RewriteLoopError
-from fxrules.engine.transaction import Workpiece, apply_match, copy_graph
+from fxrules.engine.transaction import Workpiece, apply_match, copy_graph, refusal_before_edit
 
 
 # ---------------------------------------------------------------------------
@@ -51,6 +51,7 @@ def prepare(model: Any, *, tracer: Optional[fx.Tracer] = None, concrete_args: Op
         except Exception as exc:
             raise ModelError(f"cannot unlift the ExportedProgram: {type(exc).__name__}: {exc}") from exc
         work = Workpiece(module.graph, module, class_name=type(module).__name__, donor=module)
+        work.trains = False  # an ExportedProgram keeps no training mode: taken as inference (docs/semantics.md)
     elif isinstance(model, fx.GraphModule):
         graph = copy_graph(model.graph)
         work = Workpiece(graph, model, class_name=type(model).__name__, donor=model)
@@ -60,7 +61,9 @@ def prepare(model: Any, *, tracer: Optional[fx.Tracer] = None, concrete_args: Op
         raise ModelError(f"expected an nn.Module, a torch.fx.GraphModule or a torch.export.ExportedProgram, "
                          f"got {type(model).__name__}")
     if example_inputs is not None and not work.has_values:
-        propagate_values(work, tuple(example_inputs))
+        with torch.enable_grad():  # requires_grad in the values, for the guards (the real fallback runs without)
+            propagate_values(work, tuple(example_inputs))
+        work.tracks_grad = any(fxaccess.is_fake_tensor(n.meta.get("val")) for n in work.graph.find_nodes(op="placeholder"))
     return work
 
 
@@ -245,6 +248,17 @@ class _Session:
     def plan(self, match: Match) -> "Plan | Refusal":
         return plan(match, self.work.effects)
 
+    def refusal_before_edit(self, program: Program, match: Match) -> Optional[Refusal]:
+        """What applying the match would refuse after the planner (a builder declining, a contract
+        guard), for find_matches and explain: asked as apply_rules asks it, nothing is rewritten."""
+        try:
+            return refusal_before_edit(self.work, match)
+        except (RewriteError, RewriteLoopError):
+            raise
+        except Exception as exc:
+            raise self.error(program, match.roots[0],
+                             f"building the replacement raised {type(exc).__name__}: {exc}") from exc
+
     # -- the fixpoint ------------------------------------------------------------
     def rewrite(self, max_iterations: int) -> tuple[list[Applied], list[Rejected]]:
         heap: list = []
@@ -388,7 +402,7 @@ def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None,
             if isinstance(result, Miss) or session.conditions(result) is not None:
                 continue
             decision = session.plan(result)
-            refusal = decision if isinstance(decision, Refusal) else None
+            refusal = decision if isinstance(decision, Refusal) else session.refusal_before_edit(program, result)
             found.append(MatchInfo(program.name, program.rule.source, tuple(n.name for n in result.roots),
                                    tuple(n.name for n in result.nodes),
                                    {k: (v.name if isinstance(v, fx.Node) else v)
@@ -420,6 +434,8 @@ def run_explain(model: Any, rule_set: RuleSet, *, rule: Optional[str] = None, ex
                                        code=MissCode.CONDITION_FALSE))
                 continue
             decision = session.plan(result)
+            if not isinstance(decision, Refusal):
+                decision = session.refusal_before_edit(program, result)
             if isinstance(decision, Refusal):
                 misses.append(NearMiss(program.name, str(program.rule.span), node.name,
                                        f"the pattern matched, but the rewrite is refused: {decision.message}", 1 << 21,

@@ -58,12 +58,26 @@ def is_floating(value: Any) -> bool:
     return bool(getattr(dtype, "is_floating_point", False))
 
 
+def frozen(value: Any) -> bool:
+    """True when ``value`` trains nothing: a tensor (parameter, buffer) that does not require grad, a
+    module none of whose parameters requires grad, or computed-value metadata that does not
+    require grad. The trainable-parameter guard (docs/semantics.md) lets a rewrite drop only
+    parameters for which this holds, in a model that trains; a rule says ``where frozen(bn)`` when
+    it means "only when these are not trained"."""
+    parameters = getattr(value, "parameters", None)
+    if callable(parameters) and not hasattr(value, "dtype"):  # a module
+        return not any(p.requires_grad for p in parameters())
+    requires_grad = getattr(value, "requires_grad", None)
+    return requires_grad is False
+
+
 PREDICATES: dict[str, Callable[..., Any]] = {
     "is_zero": is_zero,
     "is_one": is_one,
     "is_constant": is_constant,
     "is_scalar": is_scalar,
     "is_floating": is_floating,
+    "frozen": frozen,
 }
 
 # The names the checker accepts (fxrules.lang.names.PREDICATE_NAMES) are these keys; a test keeps them equal.

@@ -4,8 +4,9 @@ Two closed sets of codes, both kebab-case strings (``StrEnum``: they print, comp
 serialise to JSON as their value), documented in docs/semantics.md:
 
 * :class:`RefusalCode`: the pattern and the conditions matched, but the rewrite is refused
-  (by the planner's checks, :mod:`fxrules.engine.planner`, or by a module builder that
-  declines its inputs, :mod:`fxrules.engine.transaction`). A :class:`Refusal` carries one;
+  (by the planner's checks, :mod:`fxrules.engine.planner`, by a module builder that
+  declines its inputs, :mod:`fxrules.engine.transaction`, or by a contract guard,
+  :mod:`fxrules.engine.guards`). A :class:`Refusal` carries one;
   ``Report.rejected`` entries and ``find_matches``' ``MatchInfo`` carry its code.
 * :class:`MissCode`: the rule's root target matched a node but the rule did not match there
   (the pattern failed somewhere, or a ``where`` condition is false): what ``explain``'s
@@ -55,6 +56,22 @@ class RefusalCode(StrEnum):
     """The rewrite would make a graph output alias a parameter, a buffer, another output (or, for a clone, an input)."""
     READS_WRITTEN_VALUE = "reads-written-value"
     """A module builder would read a parameter or buffer that the graph writes in place."""
+    SHAPE_CHANGED = "shape-changed"
+    """Under ``[exact]``/``[approx]``: the replacement would have another shape than the root."""
+    DTYPE_CHANGED = "dtype-changed"
+    """Under ``[exact]``/``[approx]``: the replacement would have another dtype than the root."""
+    DEVICE_CHANGED = "device-changed"
+    """Under ``[exact]``/``[approx]``: the replacement would live on another device than the root."""
+    REQUIRES_GRAD_CHANGED = "requires-grad-changed"
+    """Under ``[exact]``/``[approx]``, in a model that trains: the replacement would require grad where the
+    root did not, or the other way round."""
+    LAYOUT_CHANGED = "layout-changed"
+    """Under ``[exact]``: the replacement would have other strides than the root, and a later node reads them."""
+    OUTPUT_ALIASED = "output-aliased"
+    """A graph output would share storage with a parameter, buffer, input or another output it did not share."""
+    TRAINABLE_PARAMETER_DROPPED = "trainable-parameter-dropped"
+    """Under ``[exact]``/``[approx]``, in a model that trains: a parameter requiring grad would leave the
+    gradient path."""
 
 
 class MissCode(StrEnum):

@@ -9,12 +9,34 @@ from fxrules.engine.refusals import MissCode, RefusalCode
 
 
 @dataclass(frozen=True, slots=True)
+class MetadataChange:
+    """A replaced value whose metadata the replacement does not keep: what ``[changes]`` rewrites
+    report (applied), and what ``[exact]``/``[approx]`` refuse (see :mod:`fxrules.engine.guards`).
+
+    ``what``: ``"shape"``, ``"dtype"``, ``"device"`` or ``"requires_grad"``; ``before``/``after``:
+    the root's and the replacement's metadata as text (``float32[2, 3] on cpu``)."""
+
+    rule: str
+    source: str
+    root: str  # the replaced node's name
+    replacement: str  # ``%name`` of an existing value, or ``a new call_function torch.f``
+    what: str
+    before: str
+    after: str
+
+    def __str__(self) -> str:
+        return (f"rule `{self.rule}` changed the {self.what} of %{self.root}: {self.before} -> "
+                f"{self.after} ({self.replacement})")
+
+
+@dataclass(frozen=True, slots=True)
 class Applied:
     rule: str
     source: str  # rule file:line
     matched: tuple[str, ...]  # names of the matched nodes (roots first)
     created: tuple[str, ...]  # names of the nodes the replacement created
     replaced_by: tuple[str, ...]  # per root: the node now standing in its place
+    changes: tuple[MetadataChange, ...] = ()  # a [changes] rewrite's shape/dtype/device changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +61,11 @@ class Report:
     notes: tuple[str, ...] = ()
 
     @property
+    def changes(self) -> tuple[MetadataChange, ...]:
+        """The metadata changes of every applied ``[changes]`` rewrite, in order."""
+        return tuple(c for a in self.applied for c in a.changes)
+
+    @property
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for item in self.applied:
@@ -52,7 +79,10 @@ class Report:
             "seconds": self.seconds,
             "counts": self.counts,
             "applied": [{"rule": a.rule, "source": a.source, "matched": list(a.matched), "created": list(a.created),
-                         "replaced_by": list(a.replaced_by)} for a in self.applied],
+                         "replaced_by": list(a.replaced_by),
+                         "changes": [{"root": c.root, "replacement": c.replacement, "what": c.what,
+                                      "before": c.before, "after": c.after} for c in a.changes]}
+                        for a in self.applied],
             "rejected": [{"rule": r.rule, "source": r.source, "matched": list(r.matched), "reason": r.reason,
                           "code": str(r.code), "nodes": list(r.nodes)} for r in self.rejected],
             "notes": list(self.notes),
@@ -76,6 +106,8 @@ class Report:
             lines.extend(_table(["rejected rule", "at", "reason"],
                                 [[r.rule, ", ".join(r.matched[:3]) + (", ..." if len(r.matched) > 3 else ""),
                                   r.reason] for r in self.rejected]))
+        for change in self.changes:
+            lines.append(f"changed: {change}")
         for note in self.notes:
             lines.append(f"note: {note}")
         return "\n".join(lines)

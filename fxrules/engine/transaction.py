@@ -18,19 +18,21 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import fx, nn
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-from fxrules.engine import fxaccess
+from fxrules.engine import fxaccess, guards
 from fxrules.engine.errors import ModelError
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
 from fxrules.engine.program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
+
+_NOT_LOOKED_UP = object()
 
 _INHERITED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "seq_nr", "custom")
 
@@ -61,6 +63,14 @@ class Workpiece:
         self._read_below: Optional[dict] = None  # dotted prefix -> get_attr nodes reading strictly inside it
         self.notes: list[str] = []
         self.has_values = any("val" in n.meta for n in graph.find_nodes(op="placeholder"))
+        # Whether the model may be trained, so a parameter requiring grad is trainable (guards): an
+        # nn.Module or GraphModule in training mode. The driver sets it False for an ExportedProgram,
+        # which keeps no mode (docs/semantics.md).
+        self.trains = root.training
+        # Whether the values' requires_grad was computed with autograd on (example inputs run on fake
+        # tensors); torch.export records meta['val'] without it. Set by the driver.
+        self.tracks_grad = False
+        self._fake_mode: Any = _NOT_LOOKED_UP
         self._node_names: dict = {}  # (op, target) -> the base name torch gives such a node
         self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
         self.effects = Effects(self.module_of, self.attr_of)
@@ -72,6 +82,18 @@ class Workpiece:
         return fxaccess.create_node(self.graph, op, target, args, kwargs, self._node_names)
 
     # -- lookups ---------------------------------------------------------------
+    def fake_mode(self) -> Any:
+        """The fake mode of the graph's values (None when they are not fake tensors), found once."""
+        if self._fake_mode is _NOT_LOOKED_UP:
+            mode = None
+            for node in self.graph.nodes:
+                val = node.meta.get("val")
+                if fxaccess.is_fake_tensor(val):
+                    mode = val.fake_mode
+                    break
+            self._fake_mode = mode
+        return self._fake_mode
+
     @property
     def modules(self) -> dict:
         if self._modules is None:
@@ -311,6 +333,7 @@ class _ReplacementWriter:
         self.premade: dict = {}  # id(RCall) -> (module, reference module, base name)
         self.origin: Optional[tuple] = None  # (rule name, rule file:line) for the new nodes' meta
         self.kept: list[fx.Node] = []  # matched nodes the replacement uses as they are (matched_equal)
+        self.values: dict = {}  # id(RCall) -> its value from the dry run (guards.DryRun): new nodes' meta['val']
 
     def make_modules(self) -> Optional[str]:
         """Construct every module the replacement needs, before the graph is touched.
@@ -402,6 +425,9 @@ class _ReplacementWriter:
         node = self.work.new_node(item.op, target, args, kwargs)
         self.work.created(node)
         self.inherit_meta(node, root)
+        value = self.values.get(id(item), _NOT_LOOKED_UP)
+        if value is not _NOT_LOOKED_UP and not isinstance(value, guards.Unknown):
+            node.meta["val"] = value
         self.created.append(node)
         return node
 
@@ -472,19 +498,43 @@ class _ReplacementWriter:
         meta["fxrules"] = {"rule": self.origin[0], "source": self.origin[1]}
 
 
-def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | Refusal":
-    """Rewrite one match. Returns the report entry and the nodes to revisit, or, when a builder
-    declined (before the graph is touched), a ``builder-declined`` Refusal naming the roots."""
+def prospect(work: Workpiece, match: Match) -> "tuple[_ReplacementWriter, tuple] | Refusal":
+    """Everything a rewrite decides before it touches the graph: the modules the replacement needs
+    (a builder may decline: ``builder-declined``), the replacement's values on fake tensors, and the
+    contract guards (:func:`fxrules.engine.guards.check`). Returns the writer, ready to edit, with
+    the metadata changes a ``[changes]`` rewrite makes; or the Refusal. The graph is not touched."""
     writer = _ReplacementWriter(work, match)
     declined = writer.make_modules()
     if declined is not None:
         return Refusal(RefusalCode.BUILDER_DECLINED, declined, tuple(n.name for n in match.roots))
+    modules = {key: made[0] for key, made in writer.premade.items()}
+    values = None
+    if work.has_values:
+        values = guards.DryRun(work, match, modules).run()
+        writer.values = values.made
+        work.notes.extend(values.notes)
+    decided = guards.check(work, match, modules, values)
+    if isinstance(decided, Refusal):
+        return decided
+    return writer, decided
+
+
+def refusal_before_edit(work: Workpiece, match: Match) -> Optional[Refusal]:
+    """What :func:`prospect` refuses, for ``find_matches`` and ``explain`` (nothing is rewritten)."""
+    decided = prospect(work, match)
+    return decided if isinstance(decided, Refusal) else None
+
+
+def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | Refusal":
+    """Rewrite one match. Returns the report entry and the nodes to revisit, or, when a builder
+    declined or a contract guard refused (before the graph is touched), the Refusal."""
+    decided = prospect(work, match)
+    if isinstance(decided, Refusal):
+        return decided
+    writer, changes = decided
     graph = work.graph
     with graph.inserting_before(plan.anchor):
         new_values = [writer.value(r) for r in match.program.replacements]
-    if work.has_values:
-        for node in writer.created:
-            _propagate_value(work, node)
     touched: set = set(writer.created)
     touched.update(writer.kept)
     for root, value in zip(match.roots, new_values):
@@ -504,7 +554,8 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
             touched.discard(node)
     rule = match.rule
     replaced_by = tuple(v.name if isinstance(v, fx.Node) else repr(v) for v in new_values)
-    return Applied(rule.name, rule.source, matched_names, tuple(n.name for n in writer.created), replaced_by), touched
+    return Applied(rule.name, rule.source, matched_names, tuple(n.name for n in writer.created), replaced_by,
+                   changes), touched
 
 
 def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
@@ -583,55 +634,6 @@ def _place_like(module: nn.Module, reference: Optional[nn.Module], training: boo
     else:
         module.train(training)
     return module
-
-
-def _propagate_value(work: Workpiece, node: fx.Node) -> None:
-    """Recompute meta['val'] of a new node from its inputs' values (fake or meta tensors)."""
-    def val(n: fx.Node) -> Any:
-        if "val" in n.meta:
-            return n.meta["val"]
-        if n.op == "get_attr":
-            return work.attr_of(n.target)
-        raise KeyError(n.name)
-
-    try:
-        args = fx.node.map_arg(node.args, val)
-        kwargs = fx.node.map_arg(node.kwargs, val)
-        fake_mode = None
-        for n in node.all_input_nodes:
-            v = n.meta.get("val")
-            if fxaccess.is_fake_tensor(v):
-                fake_mode = v.fake_mode
-                break
-        if node.op == "call_function":
-            function: Callable = node.target
-        elif node.op == "call_method":
-            self_value, *rest = args
-            args = tuple(rest)
-            function = getattr(self_value, node.target)
-        else:
-            function = work.module_of(node.target)
-        if fake_mode is None:  # never a real run: a replacement's sizes are the rule file's (fxrules.engine.budget)
-            fake_mode = fxaccess.new_fake_mode()
-        if fake_mode is not None:
-            with fake_mode:
-                args = _to_fake(fake_mode, args)
-                kwargs = _to_fake(fake_mode, kwargs)
-                node.meta["val"] = function(*args, **kwargs)
-        else:
-            node.meta["val"] = function(*args, **kwargs)
-    except Exception as exc:  # best effort: say so in the report
-        work.notes.append(f"could not recompute meta['val'] of new node %{node.name}: {type(exc).__name__}: {exc}")
-
-
-def _to_fake(mode: Any, value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and not fxaccess.is_fake_tensor(value):
-        return mode.from_tensor(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_fake(mode, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_fake(mode, v) for k, v in value.items()}
-    return value
 
 
 def _snake(name: str) -> str:

@@ -33,7 +33,7 @@ BUILTIN_ALIASES: Mapping[str, str] = {
 }
 """Aliases every rule file has without a ``use`` line."""
 
-PREDICATE_NAMES = frozenset({"is_zero", "is_one", "is_constant", "is_scalar", "is_floating"})
+PREDICATE_NAMES = frozenset({"is_zero", "is_one", "is_constant", "is_scalar", "is_floating", "frozen"})
 """The predicates conditions may call by bare name (implemented in :mod:`fxrules.engine.predicates`)."""
 
 CONDITION_FUNCTIONS: Mapping[str, Any] = {

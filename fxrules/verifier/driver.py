@@ -55,6 +55,7 @@ from fxrules.lang.diagnostics import FxrulesError
 from fxrules.verifier.budget import refused_verdict, watch as budget_watch, within_budget
 from fxrules.lang.runtime import entered
 from fxrules.lang.ruleset import CheckedRule, RuleSet
+from fxrules.engine.refusals import RefusalCode
 
 
 
@@ -414,13 +415,19 @@ class _Broken(Exception):
         self.counterexample = counterexample
 
 
+_CONTRACT_REFUSALS = frozenset({RefusalCode.SHAPE_CHANGED, RefusalCode.DTYPE_CHANGED, RefusalCode.DEVICE_CHANGED,
+                                RefusalCode.LAYOUT_CHANGED})
+"""Guard refusals that say the rule would break its contract on this host. Not the training-mode
+ones (they depend on the host's mode, and a rule may rely on them), nor ``output-aliased`` (where
+the root is the host's output an identity rule such as ``x * 1 -> x`` is refused, and applies
+everywhere else): docs/semantics.md."""
+
+
 def _apply_one(module: torch.nn.Module, single: RuleSet, name: str, inputs: tuple):
     from fxrules.engine.driver import run_apply
-    from fxrules.engine.program import compile_rules
 
-    # metadata (shape/dtype) costs a propagation per run: only for rules with conditions
-    needs_metadata = any(p.needs_metadata or p.conditions for p in compile_rules(single).programs)
-    result = run_apply(module, single, example_inputs=inputs if needs_metadata else None)
+    # with metadata, always: the engine's contract guards decide on it (fxrules.engine.guards)
+    result = run_apply(module, single, example_inputs=inputs)
     return result, result.report.counts.get(name, 0)
 
 
@@ -433,6 +440,11 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
     except FxrulesError as exc:
         return 0, Counterexample(f"applying the rule failed: {exc}", facts, None, None, code), None
     if count == 0:
+        refused = next((r for r in result.report.rejected if r.rule == rule.name and r.code in _CONTRACT_REFUSALS),
+                       None)
+        if refused is not None:  # the engine kept the model right, but the rule's conditions admit this host
+            return 0, Counterexample(f"the engine refused the rewrite ({refused.code}): {refused.reason}", facts,
+                                     None, None, code), None
         return 0, None, None
     try:
         after = _run(result.module, inputs)

@@ -722,7 +722,10 @@ def test_add_zero_bias(examples):
         def forward(self, x):
             return (x + self.zero) + self.nonzero
 
-    model = M()
+    # in training mode `zero` is a trainable parameter: removing it would stop training it (guards)
+    refused = apply(examples, M(), "add_zero_bias")
+    assert refused.counts == {} and [r.code for r in refused.report.rejected] == ["trainable-parameter-dropped"]
+    model = M().eval()
     result = apply(examples, model, "add_zero_bias")
     gm = result.module
     assert result.counts == {"add_zero_bias": 1}

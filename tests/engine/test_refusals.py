@@ -209,7 +209,9 @@ REFUSALS = {
 
 
 def test_the_cases_cover_every_refusal_code():
-    assert set(REFUSALS) == set(RefusalCode)
+    from tests.engine.test_guards import GUARDS  # the contract guards' cases (they need example inputs)
+
+    assert set(REFUSALS) | set(GUARDS) == set(RefusalCode) and not set(REFUSALS) & set(GUARDS)
 
 
 @pytest.mark.parametrize("code", list(REFUSALS), ids=str)
@@ -227,12 +229,12 @@ def test_each_refusal_code_is_reported_with_its_nodes_and_message(code):
     # the same refusal, before anything is rewritten, from find_matches and explain
     found = [m for m in fxrules.find_matches(model, fxrules.parse_rules(text, source="refuse.fxr"))
              if m.rejected is not None]
-    if code is not RefusalCode.BUILDER_DECLINED:  # builders run only when rewriting
-        assert [(m.code, m.rejected) for m in found] == [(code, rejected.reason)]
-        refused = [m for m in fxrules.explain(model, fxrules.parse_rules(text, source="refuse.fxr"))
-                   if m.code in set(RefusalCode)]
-        [miss] = refused
-        assert miss.code is code and miss.reason == f"the pattern matched, but the rewrite is refused: {rejected.reason}"
+    # builders run here too (their modules are thrown away): a declining builder shows as well
+    assert [(m.code, m.rejected) for m in found] == [(code, rejected.reason)]
+    refused = [m for m in fxrules.explain(model, fxrules.parse_rules(text, source="refuse.fxr"))
+               if m.code in set(RefusalCode)]
+    [miss] = refused
+    assert miss.code is code and miss.reason == f"the pattern matched, but the rewrite is refused: {rejected.reason}"
 
 
 def test_report_json_carries_the_code_and_the_nodes():

@@ -1,0 +1,614 @@
+"""Contract guards: what a rewrite must keep, decided on fake values before the graph is edited.
+
+A rule's contract (``[exact]``, ``[approx]``, ``[changes]``) is a promise about values. Where
+the engine knows the values' metadata (``example_inputs``, a ``torch.export`` graph's
+``meta['val']``, the verifier's host graphs), it checks the promise for every value a rewrite
+replaces (each root) *before* it touches the graph, so a refused match leaves the workpiece as
+it was. The checks, in the order they run (the first refusal wins):
+
+* ``shape-changed``, ``dtype-changed``, ``device-changed``: under ``[exact]``/``[approx]`` the
+  replacement has the root's shape, dtype and device. Under ``[changes]`` a difference is
+  allowed and reported (:class:`~fxrules.engine.report.MetadataChange`).
+* ``trainable-parameter-dropped``: under ``[exact]``/``[approx]``, in a model that trains, every
+  parameter that requires grad and that a matched node reads is still read by the replacement.
+  Needs no metadata: it runs on every graph.
+* ``requires-grad-changed``: under ``[exact]``/``[approx]``, in a model that trains (see
+  :func:`trainable_parameters_dropped`) and whose values were computed with autograd on, the
+  replacement requires grad exactly when the root did.
+* ``layout-changed``: under ``[exact]``, where a node downstream of the root reads strides
+  (``view``, ``as_strided``, ``stride()``, ``is_contiguous()``, ...), the replacement's strides
+  equal the root's (dimensions of size 1 do not count: torch ignores their strides).
+* ``output-aliased``: whatever the contract, a graph output the rewrite changes does not come
+  to share storage with a parameter, a buffer or another output unless it did before (storage
+  identity of fake tensors). Inputs are not protected: returning one's input is ordinary.
+
+The replacement's values come from :class:`DryRun`: each call of the replacement runs on fake
+tensors (modules as fake copies), never on the model's real tensors or modules; where a fake run
+fails it runs on a deep copy with zero-filled inputs and forked random number generators, and the
+copy is dropped. Either way nothing of the model, and no global random state, changes.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+import torch
+from torch import fx, nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from fxrules.engine import fxaccess
+from fxrules.engine.budget import Budget, RealRunGuard, Unsized
+from fxrules.engine.matcher import Match
+from fxrules.engine.program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
+from fxrules.engine.refusals import Refusal, RefusalCode
+from fxrules.engine.report import MetadataChange
+
+KEEPS_METADATA = frozenset({"exact", "approx"})
+"""The contracts under which a replacement keeps each root's shape, dtype, device, requires_grad."""
+
+
+class Unknown:
+    """A value the dry run could not compute (its metadata is unknown: no guard is decided on it)."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+@dataclass(frozen=True)
+class Prospect:
+    """What the dry run computed: per root the replacement's value, per replacement call its value
+    (keyed by ``id`` of the :class:`RCall`, for the new nodes' ``meta['val']``), and the notes."""
+
+    values: tuple
+    made: Mapping[int, Any]
+    notes: tuple
+
+
+# ---------------------------------------------------------------------------
+# The dry run: the replacement's values, computed on fake tensors
+# ---------------------------------------------------------------------------
+
+
+class DryRun:
+    """Evaluates a match's replacement templates on the graph's fake values (nothing is built)."""
+
+    def __init__(self, work: Any, match: Match, modules: Mapping[int, nn.Module]):
+        self.work = work
+        self.match = match
+        self.env = match.bindings
+        self.modules = modules  # id(RCall) -> the module a builder or constructor made for it
+        self.mode = work.fake_mode()
+        self.made: dict = {}
+        self.notes: list = []
+
+    def run(self) -> Prospect:
+        grad = torch.enable_grad() if self.work.tracks_grad else torch.no_grad()
+        with grad:
+            values = tuple(self.value(r) for r in self.match.program.replacements)
+        return Prospect(values, self.made, tuple(self.notes))
+
+    def value(self, item: Any) -> Any:
+        kind = type(item)
+        if kind is RValue:
+            bound = (self.env.captures if item.is_capture else self.env.names)[item.name]
+            return self.of(bound)
+        if kind is RCall:
+            result = self.call(item)
+            self.made[id(item)] = result
+            return result
+        if kind is RLiteral:
+            return item.value
+        if kind is RSeq:
+            return item.kind([self.value(i) for i in item.items])
+        raise AssertionError(item)  # pragma: no cover
+
+    def of(self, value: Any) -> Any:
+        """A graph value's metadata stand-in: a node's ``meta['val']`` (a get_attr: its tensor, made
+        fake), containers item by item, constants as they are."""
+        if isinstance(value, fx.Node):
+            if "val" in value.meta:
+                return value.meta["val"]
+            if value.op == "get_attr":
+                return self.fake(self.work.attr_of(value.target))
+            return Unknown(f"%{value.name} has no meta['val']")
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.of(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.of(v) for k, v in value.items()}
+        return value
+
+    def fake(self, value: Any) -> Any:
+        if self.mode is not None and isinstance(value, torch.Tensor) and not fxaccess.is_fake_tensor(value):
+            return self.mode.from_tensor(value)
+        return value
+
+    def call(self, item: RCall) -> Any:
+        root = self.match.roots[item.root_index]
+        if item.args is None:
+            args, kwargs = self.of(tuple(root.args)), self.of(dict(root.kwargs))
+        else:
+            args = tuple(self.value(a) for a in item.args)
+            kwargs = {name: self.value(v) for name, v in item.kwargs}
+            if item.rest and self.env.rest is not None:
+                args = args + tuple(self.of(tuple(self.env.rest[0])))
+                kwargs.update(self.of(dict(self.env.rest[1])))
+        unknown = _first_unknown((args, kwargs))
+        if unknown is not None:
+            return unknown
+        module = self.module(item) if item.op == "call_module" else None
+        try:
+            return self.fake_call(item, module, args, kwargs)
+        except Exception as fake_error:
+            try:
+                return self.copy_call(item, module, args, kwargs)
+            except Exception as exc:
+                why = f"{type(fake_error).__name__}: {fake_error}; on a copy: {type(exc).__name__}: {exc}"
+                self.notes.append(f"could not compute the value of {item.label} (rule `{self.match.rule.name}`): "
+                                  f"{why}")
+                return Unknown(why)
+
+    def module(self, item: RCall) -> nn.Module:
+        spec = item.target
+        if isinstance(spec, RReuse):
+            return self.work.module_of(self.env.names[spec.name].target)
+        return self.modules[id(item)]
+
+    def fake_call(self, item: RCall, module: Optional[nn.Module], args: tuple, kwargs: dict) -> Any:
+        """The call on fake tensors; a module is called as a fake copy (its state changes nowhere)."""
+        mode = self.mode
+        if mode is None:
+            raise RuntimeError("the graph's values are not fake tensors")
+        if module is not None:
+            with fxaccess.fake_copy_mode(mode):
+                module = copy.deepcopy(module)
+        with mode:
+            args, kwargs = _to_fake(mode, args), _to_fake(mode, kwargs)
+            return _function(item, module, args)(*_rest(item, args), **kwargs)
+
+    def copy_call(self, item: RCall, module: Optional[nn.Module], args: tuple, kwargs: dict) -> Any:
+        """The call on zero-filled real tensors of the values' metadata, a module as a deep copy, with
+        the random number generators forked: what it changes is dropped with the copy. The result is
+        returned as fake tensors of the graph's mode (meta tensors where the graph's values are)."""
+        if module is None and not _holds_tensor((args, kwargs)):
+            # literals only: their size is the rule's to choose, not the example's (SECURITY.md)
+            raise RuntimeError("a call on literals only is not run for real")
+        if module is not None:
+            module = copy.deepcopy(module)
+        with torch.random.fork_rng(devices=[]):
+            args, kwargs = _materialise(args), _materialise(kwargs)
+            # sized on fake tensors op by op before it runs, as every real run of the engine is
+            budget = Budget.for_model(module if module is not None else nn.Module(), (args, kwargs))
+            with RealRunGuard(budget, Unsized.RUN_AND_COUNT):
+                result = _function(item, module, args)(*_rest(item, args), **kwargs)
+        return _to_fake(self.mode, result) if self.mode is not None else _as_meta(result)
+
+
+def _function(item: RCall, module: Optional[nn.Module], args: tuple) -> Callable:
+    if item.op == "call_function":
+        return item.target
+    if item.op == "call_method":
+        return getattr(args[0], item.target)
+    return fxaccess.hooks_call(module)
+
+
+def _rest(item: RCall, args: tuple) -> tuple:
+    return tuple(args[1:]) if item.op == "call_method" else args
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_tensor(v) for v in value.values())
+    return False
+
+
+def _first_unknown(value: Any) -> Optional[Unknown]:
+    if isinstance(value, Unknown):
+        return value
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            found = _first_unknown(v)
+            if found is not None:
+                return found
+    elif isinstance(value, dict):
+        return _first_unknown(tuple(value.values()))
+    return None
+
+
+def _to_fake(mode: Any, value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and not fxaccess.is_fake_tensor(value):
+        return mode.from_tensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_fake(mode, v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_fake(mode, v) for k, v in value.items()}
+    return value
+
+
+def _materialise(value: Any) -> Any:
+    """Zero-filled real tensors with a value's shape, strides, dtype and requires_grad (meta and
+    fake tensors become CPU tensors; real ones are copied, never handed over)."""
+    if isinstance(value, torch.Tensor):
+        device = value.device if value.device.type != "meta" else torch.device("cpu")
+        shape = tuple(int(d) for d in value.shape)
+        stride = tuple(int(s) for s in value.stride())
+        made = torch.zeros_like(torch.empty_strided(shape, stride, dtype=value.dtype, device=device))
+        if value.requires_grad and (made.is_floating_point() or made.is_complex()):
+            made.requires_grad_(True)
+        return made
+    if isinstance(value, (list, tuple)):
+        return type(value)(_materialise(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _materialise(v) for k, v in value.items()}
+    return value
+
+
+def _as_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        return meta.requires_grad_(True) if value.requires_grad else meta
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_meta(v) for v in value)
+    return value
+
+
+# ---------------------------------------------------------------------------
+# The guards
+# ---------------------------------------------------------------------------
+
+
+def check(work: Any, match: Match, modules: Mapping[int, nn.Module],
+          prospect: Optional[Prospect]) -> "Refusal | tuple[MetadataChange, ...]":
+    """A Refusal, or the metadata changes a ``[changes]`` rewrite makes (empty otherwise).
+
+    ``prospect``: the dry run's values (None when the graph has no values: only the trainable
+    parameter guard, which needs none, runs then)."""
+    contract = match.rule.contract
+    keeps = contract in KEEPS_METADATA
+    changes: tuple = ()
+    if prospect is not None:
+        found = metadata_changes(work, match, prospect.values)
+        if keeps:
+            refusal = next((_refusal(match, c) for c in found if c.what != "requires_grad"), None)
+            if refusal is None:
+                refusal = trainable_parameters_dropped(work, match, modules)
+            if refusal is None:
+                refusal = next((_refusal(match, c) for c in found), None)
+            if refusal is None and contract == "exact":
+                refusal = layout_changed(match, prospect.values)
+            if refusal is not None:
+                return refusal
+        else:
+            changes = tuple(c for c in found if c.what != "requires_grad")
+        refusal = output_aliased(work, match, prospect.values)
+        if refusal is not None:
+            return refusal
+    elif keeps:
+        refusal = trainable_parameters_dropped(work, match, modules)
+        if refusal is not None:
+            return refusal
+    return changes
+
+
+_CODES = {"shape": RefusalCode.SHAPE_CHANGED, "dtype": RefusalCode.DTYPE_CHANGED,
+          "device": RefusalCode.DEVICE_CHANGED, "requires_grad": RefusalCode.REQUIRES_GRAD_CHANGED}
+
+
+def _refusal(match: Match, change: MetadataChange) -> Refusal:
+    nodes = (change.root,) + ((change.replacement[1:],) if change.replacement.startswith("%") else ())
+    return Refusal(_CODES[change.what],
+                   f"[{match.rule.contract}] rule `{match.rule.name}` would replace %{change.root} "
+                   f"({change.before}) by {change.replacement} ({change.after}): its {change.what} changes",
+                   nodes)
+
+
+def _described(match: Match, index: int) -> str:
+    """How the report names root ``index``'s replacement: ``%node`` for an existing value, else the call."""
+    item = match.program.replacements[index]
+    if isinstance(item, RValue):
+        bound = (match.bindings.captures if item.is_capture else match.bindings.names)[item.name]
+        if isinstance(bound, fx.Node):
+            return f"%{bound.name}"
+    if isinstance(item, RCall):
+        return f"a new {item.op} {item.label}"
+    return "its replacement"
+
+
+def metadata_changes(work: Any, match: Match, values: tuple) -> tuple:
+    """Each difference in shape, dtype, device (and requires_grad, where it is tracked and the
+    model trains) between a root's value and its replacement's, roots in order."""
+    found = []
+    grad = work.tracks_grad and work.trains
+    for index, (root, value) in enumerate(zip(match.roots, values)):
+        before = root.meta.get("val")
+        for old, new in _paired(before, value):
+            for what, a, b in (("shape", _shape(old), _shape(new)), ("dtype", old.dtype, new.dtype),
+                               ("device", _device(old), _device(new)),
+                               ("requires_grad", old.requires_grad, new.requires_grad)):
+                if what == "requires_grad" and not grad:
+                    continue
+                if what == "shape" and _same_shape(a, b):
+                    continue
+                if what != "shape" and a == b:
+                    continue
+                found.append(MetadataChange(match.rule.name, match.rule.source, root.name,
+                                            _described(match, index), what, _text(old), _text(new)))
+    return tuple(found)
+
+
+def _paired(before: Any, after: Any) -> Iterable[tuple]:
+    """The (root tensor, replacement tensor) pairs to compare: both tensors, or sequences of the
+    same length item by item; anything unknown is skipped."""
+    if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor):
+        yield before, after
+    elif isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)) and len(before) == len(after):
+        for a, b in zip(before, after):
+            yield from _paired(a, b)
+
+
+def _shape(t: torch.Tensor) -> tuple:
+    return tuple(t.shape)
+
+
+def _device(t: torch.Tensor) -> str:
+    return str(t.device)
+
+
+def _same_shape(a: tuple, b: tuple) -> bool:
+    """Equal shapes; symbolic sizes compare by their expression."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, int) and isinstance(y, int):
+            if x != y:
+                return False
+        elif str(x) != str(y):
+            return False
+    return True
+
+
+def _text(t: torch.Tensor) -> str:
+    dtype = str(t.dtype).removeprefix("torch.")
+    grad = ", requires_grad" if t.requires_grad else ""
+    return f"{dtype}[{', '.join(str(d) for d in t.shape)}] on {t.device}{grad}"
+
+
+# -- layout ------------------------------------------------------------------------
+
+_STRIDE_METHODS = frozenset({"view", "view_as", "as_strided", "stride", "is_contiguous", "data_ptr",
+                             "storage_offset", "unflatten", "untyped_storage", "storage", "is_set_to"})
+"""Tensor methods whose result (or whether they succeed) depends on the input's strides."""
+
+
+_STRIDE_FUNCTIONS = frozenset({torch.Tensor.view, torch.Tensor.view_as, torch.Tensor.as_strided, torch.as_strided,
+                               torch.Tensor.stride, torch.Tensor.is_contiguous, torch.Tensor.data_ptr,
+                               torch.Tensor.storage_offset, torch.Tensor.unflatten, torch.unflatten,
+                               torch.Tensor.untyped_storage})
+"""The same, as call_function targets."""
+
+
+def _reads_strides(node: fx.Node) -> bool:
+    if node.op == "call_method":
+        return node.target in _STRIDE_METHODS
+    if node.op == "call_function":
+        target = node.target
+        if fxaccess.is_op_overload(target):
+            name = target.overloadpacket.__name__
+            return name in _STRIDE_METHODS or name == "_unsafe_view"
+        try:
+            return target in _STRIDE_FUNCTIONS
+        except TypeError:  # an unhashable target
+            return False
+    return False
+
+
+def stride_reader(root: fx.Node) -> Optional[fx.Node]:
+    """A node downstream of ``root`` (through any chain of users: views, and elementwise ops,
+    pass their input's layout on) that reads strides; None when there is none. The graph output
+    is not one: the contract is about the values the model returns."""
+    seen: set = set()
+    stack = list(root.users)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if _reads_strides(node):
+            return node
+        stack.extend(node.users)
+    return None
+
+
+def _layout_key(t: torch.Tensor) -> tuple:
+    """The strides that matter: those of dimensions longer than 1."""
+    return tuple((i, str(s)) for i, (d, s) in enumerate(zip(t.shape, t.stride())) if str(d) != "1")
+
+
+def layout_changed(match: Match, values: tuple) -> Optional[Refusal]:
+    for index, (root, value) in enumerate(zip(match.roots, values)):
+        before = root.meta.get("val")
+        if not (isinstance(before, torch.Tensor) and isinstance(value, torch.Tensor)):
+            continue
+        try:
+            same = _layout_key(before) == _layout_key(value)
+        except Exception:  # a tensor without strides (sparse, nested): nothing to compare
+            continue
+        if same:
+            continue
+        reader = stride_reader(root)
+        if reader is not None:
+            described = _described(match, index)
+            nodes = (root.name, reader.name) + ((described[1:],) if described.startswith("%") else ())
+            return Refusal(RefusalCode.LAYOUT_CHANGED,
+                           f"[exact] rule `{match.rule.name}` would replace %{root.name} (strides "
+                           f"{tuple(before.stride())}) by {described} (strides {tuple(value.stride())}), and "
+                           f"%{reader.name} depends on the strides", nodes)
+    return None
+
+
+# -- aliasing ----------------------------------------------------------------------
+
+
+def _storage(value: Any) -> Optional[int]:
+    """The identity of a fake tensor's storage (views share it); None for anything else."""
+    if not isinstance(value, torch.Tensor) or not fxaccess.is_fake_tensor(value):
+        return None  # meta values (a real run's) carry no storage identity: nothing to compare
+    try:
+        return StorageWeakRef(value.untyped_storage()).cdata
+    except Exception:
+        return None
+
+
+def _outputs(graph: fx.Graph) -> list:
+    found: list = []
+    for node in graph.find_nodes(op="output"):
+        fx.node.map_arg(node.args, found.append)
+    return found
+
+
+def output_aliased(work: Any, match: Match, values: tuple) -> Optional[Refusal]:
+    """A graph output that shares storage with a root (the root itself, or a view of it) would share
+    the replacement's storage instead: refused when that storage is a parameter's, a buffer's or
+    another output's and the root's was not."""
+    outputs = _outputs(work.graph)
+    if not outputs:
+        return None
+    keys = [_storage(n.meta.get("val")) for n in outputs]
+    for index, (root, value) in enumerate(zip(match.roots, values)):
+        old, new = _storage(root.meta.get("val")), _storage(value)
+        if new is None or new == old:
+            continue
+        affected = [i for i, k in enumerate(keys) if k is not None and (k == old or outputs[i] is root)]
+        if not affected:
+            continue
+        before = _aliases(work, outputs, keys, old, affected)
+        after = _aliases(work, outputs, keys, new, affected)
+        added = [name for name in after if name not in before]
+        if added:
+            described = _described(match, index)
+            return Refusal(RefusalCode.OUTPUT_ALIASED,
+                           f"rule `{match.rule.name}` would make the graph output %{outputs[affected[0]].name} "
+                           f"share storage with {added[0]}: %{root.name} is replaced by {described}",
+                           (root.name,) + ((described[1:],) if described.startswith("%") else ()))
+    return None
+
+
+def _aliases(work: Any, outputs: list, keys: list, key: Optional[int], affected: list) -> list:
+    """What shares storage ``key``: parameters and buffers (in graph order), other outputs. Not the
+    inputs: a module returning its input or a view of it is ordinary (``nn.Identity``, eval-mode
+    dropout, ``flatten``), and the caller owns it (docs/semantics.md)."""
+    if key is None:
+        return []
+    found = []
+    for node in work.graph.find_nodes(op="get_attr"):
+        if _storage(node.meta.get("val")) == key:
+            kind = "parameter" if isinstance(work.attr_of(node.target), nn.Parameter) else "buffer"
+            found.append(f"the {kind} `{node.target}`")
+    for i, k in enumerate(keys):
+        if i not in affected and k == key:
+            found.append(f"the output %{outputs[i].name}")
+    return found
+
+
+# -- trainable parameters ------------------------------------------------------------------
+
+
+def trainable_parameters_dropped(work: Any, match: Match, modules: Mapping[int, nn.Module]) -> Optional[Refusal]:
+    """A parameter that requires grad, read by a matched node, that the replacement no longer reads:
+    the rewritten model would not train it (along this path, or at all). Only in a model that
+    trains (``work.trains``: an ``nn.Module`` or ``GraphModule`` in training mode)."""
+    if not work.trains:
+        return None
+    env = match.bindings
+    read = _trainable_read(work, list(env.nodes) + list(env.attrs))
+    if not read:
+        return None
+    kept = _kept_parameters(work, match, modules)
+    for name, parameter in read:
+        if id(parameter) not in kept:
+            return Refusal(RefusalCode.TRAINABLE_PARAMETER_DROPPED,
+                           f"[{match.rule.contract}] rule `{match.rule.name}` would drop the trainable parameter "
+                           f"`{name}` (requires_grad=True) from the gradient path; the model is in training mode "
+                           f"(a rule may say `where frozen(...)`, or freeze the parameters, or rewrite in eval mode)",
+                           (match.roots[0].name,))
+    return None
+
+
+def _trainable_read(work: Any, nodes: Iterable[fx.Node]) -> list:
+    """(name, parameter) for each parameter requiring grad that these nodes read."""
+    found: dict = {}
+    for node in nodes:
+        if node.op == "get_attr":
+            value = work.attr_of(node.target)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                found.setdefault(id(value), (node.target, value))
+        elif node.op == "call_module":
+            module = work.module_of(node.target)
+            if isinstance(module, nn.Module):
+                for name, p in module.named_parameters():
+                    if p.requires_grad:
+                        found.setdefault(id(p), (f"{node.target}.{name}", p))
+    return list(found.values())
+
+
+def _kept_parameters(work: Any, match: Match, modules: Mapping[int, nn.Module]) -> set:
+    """ids of the parameters the replacement reads: get_attr values and modules it uses, the
+    matched nodes it names (and what they read inside the match), modules it re-calls or builds."""
+    env = match.bindings
+    matched = env.nodes
+    kept: set = set()
+    nodes: list = []
+    stack = list(match.program.replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RValue):
+            _nodes_in((env.captures if item.is_capture else env.names).get(item.name), nodes)
+        elif isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            if item.args is None:
+                root = match.roots[item.root_index]
+                _nodes_in((root.args, root.kwargs), nodes)
+            else:
+                stack.extend(item.args)
+                stack.extend(v for _, v in item.kwargs)
+                if item.rest and env.rest is not None:
+                    _nodes_in(env.rest, nodes)
+            target = item.target
+            if isinstance(target, RReuse):
+                nodes.append(env.names[target.name])
+            elif isinstance(target, (RBuilder, RNewModule)) and id(item) in modules:
+                kept.update(id(p) for p in modules[id(item)].parameters())
+    seen: set = set()
+    while nodes:
+        node = nodes.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op == "get_attr":
+            kept.add(id(work.attr_of(node.target)))
+        elif node.op == "call_module":
+            module = work.module_of(node.target)
+            if isinstance(module, nn.Module):
+                kept.update(id(p) for p in module.parameters())
+        if node in matched:  # a matched node the replacement keeps: what it reads stays
+            nodes.extend(n for n in node.all_input_nodes if n in matched or n in env.attrs)
+    return kept
+
+
+def _nodes_in(value: Any, found: list) -> None:
+    if isinstance(value, fx.Node):
+        found.append(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _nodes_in(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _nodes_in(item, found)

@@ -1,0 +1,443 @@
+"""The engine's contract guards (fxrules.engine.guards): one deliberately wrong rule per class.
+
+Each wrong rule is refused with its stable code, before the graph is edited (the rewritten
+model computes what the input computed, and find_matches/explain report the same refusal);
+the bundled rules still apply where they are sound. Metadata of new nodes comes from fake
+tensors: building it changes no module state and no global random state.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+import fxrules
+from fxrules.engine.refusals import RefusalCode
+
+
+def randn(*shape: int, seed: int = 1) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def seeded(build, seed: int = 0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def rules(text: str):
+    return fxrules.parse_rules(text, source="guards.fxr", allow_imports=["tests"])
+
+
+# ---------------------------------------------------------------------------
+# models and wrong rules, one per refusal code
+# ---------------------------------------------------------------------------
+
+
+class Broadcasts(nn.Module):
+    """x (2, 1) plus a zero buffer (3,): the sum has shape (2, 3), not x's."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("zero", torch.zeros(3))
+
+    def forward(self, x):
+        return torch.add(x, self.zero) * 2
+
+
+class ToDouble(nn.Module):
+    def forward(self, x):
+        return x.to(torch.float64) * 2
+
+
+class ToMeta(nn.Module):
+    def forward(self, x):
+        return x.to("meta") * 2
+
+
+class DetachedLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x).detach() * 2
+
+
+class TransposedView(nn.Module):
+    def forward(self, x):
+        return x.t().contiguous().view(-1)
+
+
+class ParameterPlusZero(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.ones(2, 3))
+
+    def forward(self, x):
+        return self.p + 0, x * 2
+
+
+class ZeroBias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.zero = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        return torch.add(x, self.zero) * 2
+
+
+# code -> (rule text, model maker (already in its mode), input shape, the refusal's nodes, words in the reason)
+GUARDS = {
+    RefusalCode.SHAPE_CHANGED: (
+        "rule wrong_broadcast [approx]: call_function torch.add($x, get_attr $b) where is_zero($b) -> $x",
+        lambda: Broadcasts().eval(), (2, 1), ("add", "x"), ["float32[2, 3]", "float32[2, 1]", "shape"]),
+    RefusalCode.DTYPE_CHANGED: (
+        "rule wrong_to [exact]: call_method to($x, torch.float64) -> $x",
+        lambda: ToDouble().eval(), (2, 3), ("to", "x"), ["float64[2, 3]", "float32[2, 3]", "dtype"]),
+    RefusalCode.DEVICE_CHANGED: (
+        "rule wrong_device [exact]: call_method to($x, 'meta') -> $x",
+        lambda: ToMeta().eval(), (2, 3), ("to", "x"), ["on meta", "on cpu", "device"]),
+    RefusalCode.REQUIRES_GRAD_CHANGED: (
+        "rule wrong_detach [exact]: call_method detach($x) -> $x",
+        lambda: seeded(DetachedLinear).train(), (2, 4), ("detach", "fc"), ["requires_grad"]),
+    RefusalCode.LAYOUT_CHANGED: (
+        "rule wrong_contiguous [exact]: call_method contiguous($x) -> $x",
+        lambda: TransposedView().eval(), (2, 3), ("contiguous", "view", "t"), ["strides (2, 1)", "strides (1, 3)"]),
+    RefusalCode.OUTPUT_ALIASED: (
+        "rule wrong_alias [exact]: call_function operator.add($x, 0) -> $x",
+        lambda: ParameterPlusZero().eval(), (2, 3), ("add", "p"), ["the parameter `p`"]),
+    RefusalCode.TRAINABLE_PARAMETER_DROPPED: (
+        "rule wrong_drop [exact]: call_function torch.add($x, get_attr $b) where is_zero($b) -> $x",
+        lambda: ZeroBias().train(), (2, 3), ("add",), ["`zero`", "requires_grad=True"]),
+}
+
+
+@pytest.mark.parametrize("code", list(GUARDS), ids=str)
+def test_each_guard_refuses_its_wrong_rule_before_editing(code):
+    text, make, shape, nodes, words = GUARDS[code]
+    model = make()
+    x = randn(*shape)
+    with torch.no_grad():
+        expected = model(x)
+    result = fxrules.apply_rules(model, rules(text), example_inputs=(x,))
+    assert result.counts == {}
+    [rejected] = result.report.rejected
+    assert rejected.code is code and rejected.nodes == nodes
+    for word in words:
+        assert word in rejected.reason, rejected.reason
+    assert rejected.rule in rejected.reason  # the refusal names the rule
+    assert "rejected rule" in result.report.table() and rejected.reason[:60] in result.report.table()
+    # refused before the graph was edited: the same computation, every node as traced
+    with torch.no_grad():
+        actual = result.module(x)
+    for got, want in zip(actual if isinstance(actual, tuple) else (actual,),
+                         expected if isinstance(expected, tuple) else (expected,)):
+        assert got.shape == want.shape and got.dtype == want.dtype and got.device == want.device
+        if want.device.type != "meta":
+            assert_close(got, want, rtol=0, atol=0)
+    assert [n.name for n in result.module.graph.nodes] == [n.name for n in torch.fx.symbolic_trace(model).graph.nodes]
+    # the same refusal, nothing rewritten, from find_matches and explain
+    found = fxrules.find_matches(model, rules(text), example_inputs=(x,))
+    assert [(m.code, m.rejected) for m in found] == [(code, rejected.reason)]
+    [miss] = [m for m in fxrules.explain(model, rules(text), example_inputs=(x,)) if m.stage == "refused"]
+    assert miss.code is code and rejected.reason in miss.reason
+
+
+def test_a_wrong_rule_is_refused_in_an_export_graph_from_its_values():
+    ep = torch.export.export(Broadcasts().eval(), (randn(2, 1),))
+    text = ("rule wrong_broadcast [approx]: call_function aten.add.Tensor($x, get_attr $b) where is_zero($b) -> $x")
+    result = fxrules.apply_rules(ep, rules(text))
+    assert result.counts == {} and [r.code for r in result.report.rejected] == [RefusalCode.SHAPE_CHANGED]
+    assert_close(result.module(randn(2, 1)), ep.module()(randn(2, 1)), rtol=0, atol=0)
+
+
+def test_without_metadata_the_value_guards_do_not_run():
+    """No example inputs: shapes are unknown, so the guards that need them cannot decide (documented)."""
+    result = fxrules.apply_rules(Broadcasts().eval(), rules(GUARDS[RefusalCode.SHAPE_CHANGED][0]))
+    assert result.counts == {"wrong_broadcast": 1}
+
+
+# ---------------------------------------------------------------------------
+# what the guards let through
+# ---------------------------------------------------------------------------
+
+
+def test_a_changes_rule_that_changes_a_shape_is_applied_and_reported():
+    text = "rule squash [changes]: call_function torch.add($x, get_attr $b) where is_zero($b) -> $x"
+    x = randn(2, 1)
+    result = fxrules.apply_rules(Broadcasts().eval(), rules(text), example_inputs=(x,))
+    assert result.counts == {"squash": 1} and result.report.rejected == ()
+    [change] = result.report.changes
+    assert (change.rule, change.root, change.replacement, change.what) == ("squash", "add", "%x", "shape")
+    assert change.before == "float32[2, 3] on cpu" and change.after == "float32[2, 1] on cpu"
+    assert "changed: rule `squash` changed the shape of %add" in result.report.table()
+    [applied] = result.report.to_json()["applied"]
+    assert applied["changes"] == [{"root": "add", "replacement": "%x", "what": "shape",
+                                   "before": "float32[2, 3] on cpu", "after": "float32[2, 1] on cpu"}]
+    assert result.module(x).shape == (2, 1)
+
+
+def test_layout_is_kept_only_where_a_later_node_reads_strides():
+    class NoView(nn.Module):
+        def forward(self, x):
+            return x.t().contiguous() + 1
+
+    text = GUARDS[RefusalCode.LAYOUT_CHANGED][0]
+    x = randn(2, 3)
+    result = fxrules.apply_rules(NoView(), rules(text), example_inputs=(x,))
+    assert result.counts == {"wrong_contiguous": 1}
+    assert_close(result.module(x), NoView()(x), rtol=0, atol=0)
+    # a stride reader after an elementwise op still counts: the op passes its input's layout on
+    class ViewAfterAdd(nn.Module):
+        def forward(self, x):
+            return (x.t().contiguous() + 1).view(-1)
+
+    refused = fxrules.apply_rules(ViewAfterAdd(), rules(text), example_inputs=(x,))
+    assert [r.code for r in refused.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
+    # an [approx] rule may change strides: only values are promised
+    approx = fxrules.apply_rules(NoView(), rules(text.replace("[exact]", "[approx]")), example_inputs=(x,))
+    assert approx.counts == {"wrong_contiguous": 1}
+
+
+def test_output_aliasing_of_other_outputs_is_refused_and_of_inputs_allowed():
+    class Copies(nn.Module):
+        def forward(self, x):
+            return x * 1, x
+
+    class CloneOfParameter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return self.p.clone() + 0 * x.sum(), self.p.clone()
+
+    class Scaled(nn.Module):
+        def forward(self, x):
+            return x * 1
+
+    x = randn(3)
+    mul_one = rules("rule r [exact]: call_function operator.mul($x, 1) -> $x")
+    refused = fxrules.apply_rules(Copies(), mul_one, example_inputs=(x,))
+    [rejected] = refused.report.rejected
+    assert rejected.code is RefusalCode.OUTPUT_ALIASED and "the output %x" in rejected.reason
+    assert fxrules.apply_rules(Scaled(), mul_one, example_inputs=(x,)).counts == {"r": 1}  # returns its input
+    out = fxrules.apply_rules(CloneOfParameter().eval(), rules("rule r [exact]: call_method clone($x) -> $x"),
+                              example_inputs=(x,))
+    assert [r.code for r in out.report.rejected] == [RefusalCode.OUTPUT_ALIASED]  # the returned clone
+    assert out.counts == {"r": 1}  # the clone that feeds an add aliases nothing the model returns
+    first, second = out.module(x)
+    assert second.data_ptr() != out.module.p.data_ptr()
+    # a value that already aliased the input may be replaced by the input (eval dropout returns it)
+    class Drop(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.drop(x)
+
+    kept = fxrules.apply_rules(Drop().eval(), rules("rule r [exact]: call_module Dropout($x) as d "
+                                                    "where not d.training -> $x"), example_inputs=(x,))
+    assert kept.counts == {"r": 1}
+
+
+# ---------------------------------------------------------------------------
+# trainable parameters and the bundled folds
+# ---------------------------------------------------------------------------
+
+
+class ConvBn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+def _conv_bn(trains: bool, frozen: bool = False) -> ConvBn:
+    model = seeded(ConvBn)
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    model.train(trains)
+    model.bn.eval()  # fine-tuning with frozen statistics: the batch norm is in eval mode
+    if frozen:
+        model.requires_grad_(False)
+    return model
+
+
+FOLD = fxrules.LIBRARY / "fold"
+
+
+def test_the_bundled_fold_applies_to_a_model_in_eval_mode():
+    model = _conv_bn(trains=False)
+    x = randn(2, 3, 8, 8)
+    for inputs in (None, (x,)):
+        result = fxrules.apply_rules(model, FOLD, example_inputs=inputs)
+        assert result.counts == {"fold_conv2d_bn": 1} and result.report.rejected == ()
+        assert_close(result.module(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_bundled_fold_is_refused_where_it_would_drop_trainable_parameters():
+    model = _conv_bn(trains=True)
+    x = randn(2, 3, 8, 8)
+    result = fxrules.apply_rules(model, FOLD)
+    assert result.counts == {}
+    [rejected] = result.report.rejected
+    assert rejected.code is RefusalCode.TRAINABLE_PARAMETER_DROPPED and rejected.nodes == ("bn",)
+    assert "`conv.weight`" in rejected.reason or "`bn.weight`" in rejected.reason
+    with torch.no_grad():
+        assert_close(result.module(x), model(x), rtol=0, atol=0)
+    assert {n for n, _ in result.module.named_parameters()} == {n for n, _ in model.named_parameters()}
+    # frozen parameters train nothing: the fold applies
+    frozen = _conv_bn(trains=True, frozen=True)
+    folded = fxrules.apply_rules(frozen, FOLD, example_inputs=(x,))
+    assert folded.counts == {"fold_conv2d_bn": 1}
+    assert_close(folded.module(x), frozen(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rule_can_say_frozen():
+    text = ("rule only_frozen [approx]: call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn "
+            "where not bn.training and frozen(conv) and frozen(bn) "
+            "-> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)")
+    assert fxrules.apply_rules(_conv_bn(trains=False), rules(text)).counts == {}  # params require grad
+    assert fxrules.apply_rules(_conv_bn(trains=False, frozen=True), rules(text)).counts == {"only_frozen": 1}
+    param_rule = "rule r [exact]: call_function torch.add($x, get_attr $b) where is_zero($b) and frozen($b) -> $x"
+    model = ZeroBias().train()
+    assert fxrules.apply_rules(model, rules(param_rule)).counts == {}
+    model.zero.requires_grad_(False)
+    assert fxrules.apply_rules(model, rules(param_rule)).counts == {"r": 1}
+
+
+def test_a_parameter_the_replacement_keeps_is_not_dropped():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.full((3,), 2.0))
+
+        def forward(self, x):
+            return torch.relu(torch.relu(x * self.w))
+
+    text = "rule r [exact]: call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)"
+    model = Scaled().train()
+    x = randn(3)
+    result = fxrules.apply_rules(model, rules(text), example_inputs=(x,))
+    assert result.counts == {"r": 1}
+    assert_close(result.module(x), model(x), rtol=0, atol=0)
+
+
+def test_an_exported_program_is_taken_as_inference():
+    """An ExportedProgram keeps no training mode (its unlifted module says training=True always);
+    fxrules takes it as inference, as the aten folds need (docs/semantics.md)."""
+    ep = torch.export.export(_conv_bn(trains=False), (randn(2, 3, 8, 8),))
+    result = fxrules.apply_rules(ep, fxrules.LIBRARY / "aten" / "fold.fxr")
+    assert result.counts == {"aten_fold_conv2d_bn": 1}
+
+
+# ---------------------------------------------------------------------------
+# metadata without effects
+# ---------------------------------------------------------------------------
+
+
+class ConvOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+def test_computing_a_new_modules_metadata_does_not_run_it():
+    """The builder's fused module holds a train-mode batch norm; computing its node's meta['val']
+    must not update its running statistics: before any call the rewritten model holds exactly
+    the buffers the builder made."""
+    text = ("rule fuse [approx]: call_module Conv2d($x) as conv "
+            "-> call_module tests.engine.guard_builders.fuse_with_training_bn(conv)($x)")
+    model = seeded(ConvOnly).train().requires_grad_(False)  # frozen: the fold may drop the conv's weight
+    x = randn(2, 3, 8, 8)
+    rng = torch.random.get_rng_state()
+    result = fxrules.apply_rules(model, rules(text), example_inputs=(x,))
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert result.counts == {"fuse": 1}
+    [fused] = [m for m in result.module.modules() if type(m).__name__ == "FusedWithBatchNorm"]
+    assert fused[1].training
+    held = dict(fused.named_buffers())
+    assert set(held) == set(fused.made_state)
+    for name, made in fused.made_state.items():
+        assert torch.equal(held[name], made), name
+    [new] = [n for n in result.module.graph.nodes if n.op == "call_module"]
+    assert tuple(new.meta["val"].shape) == (2, 4, 6, 6)
+
+
+def test_a_new_module_in_training_mode_keeps_its_state_and_the_rng():
+    text = "rule grow [changes]: call_function torch.relu($x) -> call_module BatchNorm2d{num_features=4}($x)"
+    model = seeded(ConvOnly).train()
+    x = randn(2, 3, 8, 8)
+    rng = torch.random.get_rng_state()
+    result = fxrules.apply_rules(model, rules(text), example_inputs=(x,))
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    [bn] = [m for m in result.module.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert int(bn.num_batches_tracked) == 0 and torch.equal(bn.running_mean, torch.zeros(4))
+    assert torch.equal(bn.running_var, torch.ones(4))
+
+
+def test_random_replacements_do_not_draw_from_the_global_generator():
+    text = ("rule noisy [changes]: call_function torch.relu($x) "
+            "-> call_function torch.nn.functional.dropout($x, 0.5, True)")
+    model = seeded(ConvOnly).eval()
+    x = randn(2, 3, 8, 8)
+    rng = torch.random.get_rng_state()
+    result = fxrules.apply_rules(model, rules(text), example_inputs=(x,))
+    assert result.counts == {"noisy": 1}
+    assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+def test_a_value_that_fake_tensors_cannot_compute_is_computed_on_a_copy():
+    """A module whose forward fake tensors refuse (it reads a value: .item()) runs as a deep copy,
+    on zeros, with the generators forked: its state, the model's, and the RNG are unchanged."""
+    model = seeded(ConvOnly).eval()
+    x = randn(2, 3, 8, 8)
+    text = ("rule count [approx]: call_module Conv2d($x) as conv "
+            "-> call_module tests.engine.guard_builders.counts_calls(conv)($x)")
+    rng = torch.random.get_rng_state()
+    result = fxrules.apply_rules(model, rules(text), example_inputs=(x,))
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert result.counts == {"count": 1}
+    [counts] = [m for m in result.module.modules() if type(m).__name__ == "CountsCalls"]
+    assert int(counts.calls) == 0
+    [new] = [n for n in result.module.graph.nodes if n.op == "call_module"]
+    assert tuple(new.meta["val"].shape) == (2, 4, 6, 6)
+
+
+def test_the_input_model_is_not_modified_by_guards():
+    model = _conv_bn(trains=True)
+    before = copy.deepcopy(model.state_dict())
+    fxrules.apply_rules(model, FOLD, example_inputs=(randn(2, 3, 8, 8),))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ---------------------------------------------------------------------------
+# the verifier's host graphs run with metadata: a guard refusal is a counterexample
+# ---------------------------------------------------------------------------
+
+
+def test_the_verifier_reports_a_guard_refusal_as_a_counterexample():
+    """mul(x, ones_like(y)) -> x keeps every value, but not the shape where y broadcasts x: its
+    example is refused by the engine (shape-changed), and the verifier grades the rule wrong."""
+    text = ("rule keeps_values_not_shape [approx]: call_function torch.mul($x, call_function torch.ones_like($y)) "
+            "-> $x\n"
+            "    example: call_function torch.mul($x, call_function torch.ones_like($y)) given $x: [2, 1], $y: [2, 3]\n")
+    report = fxrules.verify(fxrules.parse_rules(text, source="wrong.fxr"), max_examples=5, seed=0, database=None)
+    [verdict] = report.verdicts
+    assert verdict.grade == "wrong"
+    assert verdict.counterexample.problem.startswith("the engine refused the rewrite (shape-changed)")
