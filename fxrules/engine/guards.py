@@ -18,7 +18,7 @@ it was. The checks, in the order they run (the first refusal wins):
 * ``layout-changed``: under ``[exact]``, where a node downstream of the root reads strides
   (``view``, ``as_strided``, ``stride()``, ``is_contiguous()``, ...), the replacement's strides
   equal the root's (dimensions of size 1 do not count: torch ignores their strides).
-* ``output-aliased``: whatever the contract, a graph output the rewrite changes does not come
+* ``output-alias-introduced`` (the planner's code, for what its alias tables miss): whatever the contract, a graph output the rewrite changes does not come
   to share storage with a parameter, a buffer or another output unless it did before (storage
   identity of fake tensors). Inputs are not protected: returning one's input is ordinary.
 
@@ -493,7 +493,7 @@ def output_aliased(work: Any, match: Match, values: tuple) -> Optional[Refusal]:
         added = [name for name in after if name not in before]
         if added:
             described = _described(match, index)
-            return Refusal(RefusalCode.OUTPUT_ALIASED,
+            return Refusal(RefusalCode.OUTPUT_ALIAS_INTRODUCED,
                            f"rule `{match.rule.name}` would make the graph output %{outputs[affected[0]].name} "
                            f"share storage with {added[0]}: %{root.name} is replaced by {described}",
                            (root.name,) + ((described[1:],) if described.startswith("%") else ()))

@@ -53,7 +53,9 @@ class RefusalCode(StrEnum):
     REPLACEMENT_WRITES_INPUT = "replacement-writes-input"
     """The replacement writes in place a value that exists outside it (a capture, a forwarded argument)."""
     OUTPUT_ALIAS_INTRODUCED = "output-alias-introduced"
-    """The rewrite would make a graph output alias a parameter, a buffer, another output (or, for a clone, an input)."""
+    """The rewrite would make a graph output alias a parameter, a buffer, another output (or, for a clone, an input):
+    found by the planner from alias annotations and view tables, and, where values are known, by the guards
+    from fake tensors' storage (fxrules.engine.guards)."""
     READS_WRITTEN_VALUE = "reads-written-value"
     """A module builder would read a parameter or buffer that the graph writes in place."""
     SHAPE_CHANGED = "shape-changed"
@@ -67,8 +69,6 @@ class RefusalCode(StrEnum):
     root did not, or the other way round."""
     LAYOUT_CHANGED = "layout-changed"
     """Under ``[exact]``: the replacement would have other strides than the root, and a later node reads them."""
-    OUTPUT_ALIASED = "output-aliased"
-    """A graph output would share storage with a parameter, buffer, input or another output it did not share."""
     TRAINABLE_PARAMETER_DROPPED = "trainable-parameter-dropped"
     """Under ``[exact]``/``[approx]``, in a model that trains: a parameter requiring grad would leave the
     gradient path."""

@@ -418,7 +418,7 @@ class _Broken(Exception):
 _CONTRACT_REFUSALS = frozenset({RefusalCode.SHAPE_CHANGED, RefusalCode.DTYPE_CHANGED, RefusalCode.DEVICE_CHANGED,
                                 RefusalCode.LAYOUT_CHANGED})
 """Guard refusals that say the rule would break its contract on this host. Not the training-mode
-ones (they depend on the host's mode, and a rule may rely on them), nor ``output-aliased`` (where
+ones (they depend on the host's mode, and a rule may rely on them), nor ``output-alias-introduced`` (where
 the root is the host's output an identity rule such as ``x * 1 -> x`` is refused, and applies
 everywhere else): docs/semantics.md."""
 
