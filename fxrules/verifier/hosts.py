@@ -41,7 +41,7 @@ FILLS = ("randn", "randn", "randn", "uniform", "zeros", "ones", "large", "specia
 subnormals, NaN, infinities and the dtype's huge and tiny magnitudes into normal values."""
 LAYOUTS = ("contiguous", "contiguous", "contiguous", "transposed", "channels_last", "strided")
 """An input's memory layout: ``transposed`` (the last two dims swapped in memory), ``channels_last``
-(4-D), ``strided`` (every other element of a larger buffer); the values are the same."""
+(4-D), ``strided`` (every other row of a buffer twice as long); the values are the same."""
 SOURCES = ("input", "input", "input", "input", "parameter", "frozen parameter", "buffer")
 """Where a free tensor lives: a model input, a trainable parameter, a parameter with
 ``requires_grad=False``, or a buffer of the host (read with ``get_attr``)."""
@@ -121,9 +121,10 @@ class HostGraphWriter:
             outputs.append(self.draw(st.sampled_from(extra), label="inner output"))
         if not any(isinstance(o, fx.Node) for o in outputs):
             reject()
-        if isinstance(outputs[0], fx.Node) and self.draw(st.integers(0, 3), label="a view of the result") == 3:
+        # sampled_from, not integers(0, n) == n: hypothesis rarely draws an integer range's far end
+        if isinstance(outputs[0], fx.Node) and self.draw(st.sampled_from([False, True]), label="a view of the result"):
             outputs[0] = self.view_user(outputs[0])
-        if self.module_calls and self.draw(st.integers(0, 5), label="a module called twice") == 5:
+        if self.module_calls and self.draw(st.sampled_from([False, False, True]), label="a module called twice"):
             outputs.append(self.shared_use(self.draw(st.sampled_from(self.module_calls), label="shared module")))
         self.graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
         module = fx.GraphModule(self.root, self.graph, class_name="Host")
@@ -736,8 +737,9 @@ def _laid_out(tensor: torch.Tensor, layout: str) -> Optional[torch.Tensor]:
         return tensor.contiguous(memory_format=torch.channels_last) if tensor.ndim == 4 else None
     if tensor.ndim == 0:
         return None
-    wide = torch.zeros(tuple(tensor.shape[:-1]) + (tensor.shape[-1] * 2,), dtype=tensor.dtype)
-    strided = wide[..., ::2]
+    # every other row of a buffer twice as long: for 2+ dims no view can flatten it
+    wide = torch.zeros((tensor.shape[0] * 2,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+    strided = wide[::2]
     strided.copy_(tensor)
     return strided
 

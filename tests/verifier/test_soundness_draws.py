@@ -55,6 +55,14 @@ def test_broadcasting_partners_that_expand_the_kept_operand_are_drawn():
     assert "changed from" in example.problem  # the kept operand was the smaller one
 
 
+def test_a_non_contiguous_input_with_a_view_user_catches_a_stride_change():
+    _, example = _caught("rule r [exact]: call_method contiguous($x) where not is_constant($x) -> $x", grad=False,
+                         max_examples=80)
+    assert "raised" in example.problem and "view" in example.problem
+    assert any("transposed" in fact or "strided" in fact or "channels_last" in fact for fact in example.facts)
+    assert "view(-1)" in example.code
+
+
 def test_input_gradients_are_compared_by_default():
     _, example = _caught("rule r [exact]: call_function torch.relu($x) -> call_function torch.clamp($x, min=0)")
     assert example.problem.startswith("gradients:")
@@ -72,6 +80,18 @@ def test_a_rule_that_takes_a_trainable_parameter_off_the_gradient_path_is_caught
 def test_a_forward_hook_is_drawn_and_catches_a_rule_that_drops_the_module():
     _, example = _caught("rule r [exact]: call_module Sigmoid($x) -> call_function torch.sigmoid($x)")
     assert any("forward hook" in fact for fact in example.facts), example.facts
+
+
+def test_a_subclass_overriding_a_method_forward_calls_catches_a_rule_that_computes_the_base_class():
+    _, example = _caught("rule r [exact]: call_module Conv2d($x) as c "
+                         "-> call_module tests.verifier.wrong_builders.as_plain_conv2d(c)($x)", grad=False)
+    assert any("subclass" in fact and "_conv_forward" in fact for fact in example.facts), example.facts
+
+
+def test_a_shared_module_or_tied_parameters_catch_a_builder_that_changes_the_matched_module_in_place():
+    _, example = _caught("rule r [exact]: call_function operator.mul(call_module Linear($x) as l, 2) "
+                         "-> call_module tests.verifier.wrong_builders.double_weights_in_place(l)($x)", grad=False)
+    assert any("called again" in fact or "tied" in fact for fact in example.facts), example.facts
 
 
 def test_special_values_catch_a_rule_wrong_only_for_nan_and_inf():

@@ -7,11 +7,11 @@ from torch import nn
 
 
 def as_plain_conv2d(conv: nn.Module) -> nn.Module:
-    """The conv as a plain ``nn.Conv2d`` (same state, hooks and all): wrong for a subclass that overrides
-    a method its forward calls."""
+    """The conv as a plain ``nn.Conv2d`` (same state, hooks and all), wrapped in a Sequential so the rule does
+    not match its own result: wrong for a subclass that overrides a method its forward calls."""
     plain = copy.deepcopy(conv)
     plain.__class__ = nn.Conv2d
-    return plain
+    return nn.Sequential(plain)
 
 
 def double_weights_in_place(linear: nn.Module) -> nn.Module:
