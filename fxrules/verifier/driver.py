@@ -640,12 +640,13 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
                  *host.lines)
         count, counterexample, kept = _check_rewrite(host.module, host.inputs, single, rule, options, facts,
                                                      host.module.code, host.seed)
+        if counterexample is not None:  # applying the rule may fail before any rewrite: still a broken host
+            result.hosts.add(host_fingerprint(host.module.code, facts))
+            raise _Broken(counterexample)
         if count == 0:
             result.discarded += 1
             reject()
         result.hosts.add(host_fingerprint(host.module.code, facts))
-        if counterexample is not None:
-            raise _Broken(counterexample)
         if kept is not None:
             result.shapes_kept.add(kept)
 

@@ -92,6 +92,7 @@ class Host:
     training: bool
     lines: list  # human-readable facts: modules and their hyperparameters, inputs
     seed: int = 0  # the random state its runs start from (drawn, so a replay runs it the same)
+    roots: tuple = ()  # the nodes (or values) the pattern's roots were written as, in order
 
 
 class HostGraphWriter:
@@ -121,6 +122,7 @@ class HostGraphWriter:
             outputs.append(self.draw(st.sampled_from(extra), label="inner output"))
         if not any(isinstance(o, fx.Node) for o in outputs):
             reject()
+        pattern_roots = tuple(outputs[:len(roots)])
         # sampled_from, not integers(0, n) == n: hypothesis rarely draws an integer range's far end
         if isinstance(outputs[0], fx.Node) and self.draw(st.sampled_from([False, True]), label="a view of the result"):
             outputs[0] = self.view_user(outputs[0])
@@ -129,7 +131,7 @@ class HostGraphWriter:
         self.graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
         module = fx.GraphModule(self.root, self.graph, class_name="Host")
         module.training = self.training  # not train(): each submodule has its mode, a pattern's {training=...} too
-        return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines, self.seed)
+        return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines, self.seed, pattern_roots)
 
     def view_user(self, node: fx.Node) -> fx.Node:
         """``node.view(-1)``: a user that needs ``node``'s strides (a rewrite that changes them breaks it)."""
