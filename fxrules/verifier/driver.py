@@ -16,7 +16,10 @@ For each rule, two kinds of evidence:
 The property, by contract:
 
 ``exact``
-    every output bit-identical (same shape, dtype and values; NaN where NaN was).
+    every output bit-identical (:func:`bit_identical`: same shape, dtype and bits; any NaN equals
+    any NaN; signed zeros differ; complex by parts), and no output newly sharing memory with a
+    parameter, buffer or another output (``approx`` too). Gradients w.r.t. the inputs and the
+    trainable parameters are compared by the same contract unless ``grad=False``.
 ``approx``
     a rewrite that keeps every output's shape and dtype agrees within
     ``torch.testing.assert_close``'s tolerance for that dtype; for the low-precision
@@ -27,7 +30,8 @@ The property, by contract:
 ``changes``
     the rewritten model runs; the verdict says whether shapes were kept.
 
-Grades (:class:`Grade`): ``validated`` (all evidence agrees), ``wrong`` (a contract broken),
+Grades (:class:`Grade`): ``validated`` (all evidence agrees, on at least :data:`MIN_HOSTS`
+distinct host graphs), ``weak`` (nothing broke, but fewer distinct hosts), ``wrong`` (a contract broken),
 ``noisy`` (a negative example rewritten), ``missing`` (a positive example not
 rewritten as expected), ``unverified`` (no host graphs could be drawn — no sampler
 for one of its ops, or none the rule rewrites — and no positive example),

@@ -213,3 +213,36 @@ def test_grad_is_the_default_and_no_grad_turns_it_off(tmp_path, capsys, flag, gr
     assert (code == 1) is grad, out
     if grad:
         assert "gradients:" in out
+
+
+class _MyLinear(torch.nn.Linear):
+    """A user subclass a pattern may name: drawn with nn.Linear's sampler, then made a _MyLinear."""
+
+
+def test_a_module_subclass_is_drawn_with_its_nearest_base_class_sampler():
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    from fxrules.engine.program import PCall
+    from fxrules.lang.ast import NO_SPAN
+    from fxrules.verifier.hosts import TENSOR, HostGraphWriter
+    from fxrules.verifier.samplers import default_catalogue
+
+    catalogue = default_catalogue()
+    assert catalogue.module(_MyLinear) is catalogue.module(torch.nn.Linear)
+    pattern = PCall("call_module", (_MyLinear,), "_MyLinear", None, (), True, (), (), NO_SPAN)
+    built = []
+
+    @settings(max_examples=10, deadline=None, phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def write(data):
+        writer = HostGraphWriter(data.draw, catalogue, torch.float32, False)
+        try:
+            writer.pattern(pattern, TENSOR, {})
+        except UnsatisfiedAssumption:
+            return
+        built.extend(m for m in writer.root.modules() if isinstance(m, torch.nn.Linear))
+
+    write()
+    assert built and all(isinstance(m, _MyLinear) for m in built)
