@@ -78,7 +78,8 @@ def test_a_rule_that_takes_a_trainable_parameter_off_the_gradient_path_is_caught
 
 
 def test_a_forward_hook_is_drawn_and_catches_a_rule_that_drops_the_module():
-    _, example = _caught("rule r [exact]: call_module Sigmoid($x) -> call_function torch.sigmoid($x)")
+    _, example = _caught("rule r [exact]: call_module Sigmoid($x) -> call_function torch.sigmoid($x)",
+                         max_examples=100)
     assert any("forward hook" in fact for fact in example.facts), example.facts
 
 
