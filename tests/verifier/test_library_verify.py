@@ -23,7 +23,7 @@ ALIAS = ("engine guard: no output may newly alias a parameter or buffer, nor cha
 TRAINS = "a fold removes trainable parameters: needs the engine's frozen/no-grad predicate in its conditions (issue 20)"
 KNOWN_WRONG = {
     "canonical_gelu": HOOKS, "canonical_relu": HOOKS, "canonical_sigmoid": HOOKS, "canonical_tanh": HOOKS,
-    "canonical_silu": HOOKS, "remove_dropout": HOOKS,
+    "canonical_silu": HOOKS, "remove_dropout": HOOKS, "flatten_2d_noop": HOOKS + " (its Flatten alternative)",
     "remove_identity": HOOKS + "; " + ALIAS,
     "mul_one": ALIAS, "mul_one_float": ALIAS, "add_zero": ALIAS, "sub_zero": ALIAS, "div_one": ALIAS,
     "double_neg": ALIAS + "; and complex negation (0 - x) loses signed zeros: exclude complex dtypes",
