@@ -139,8 +139,12 @@ def _verify_parser(commands) -> None:
                         help="host models drawn per rule (default 50)")
     verify.add_argument("--seed", type=int, default=None, metavar="N",
                         help="fix the random seed, for a reproducible run (default: random)")
-    verify.add_argument("--grad", action="store_true",
-                        help="also compare gradients of a scalar loss w.r.t. the inputs (rules for training graphs)")
+    verify.add_argument("--grad", action=argparse.BooleanOptionalAction, default=True,
+                        help="compare gradients of a scalar loss w.r.t. the inputs and trainable parameters too, for "
+                             "[exact] and [approx] rules (the default); --no-grad compares forward outputs only")
+    verify.add_argument("--coverage", action="store_true",
+                        help="verify nothing: list the ops the rules' patterns name that have no sampler (exit 1 "
+                             "if any)")
     verify.add_argument("--database", default="default", metavar="DIR",
                         help="hypothesis' example database: counterexamples found are kept there and tried first "
                              "next time (default: .hypothesis/ in the working directory)")
@@ -297,6 +301,8 @@ def _verify(args: argparse.Namespace) -> int:
         if args.max_examples < 1:
             raise _UsageError("--max-examples must be at least 1")
         paths, rule_set = _load_rule_set(args)
+        if args.coverage:
+            return _coverage(rule_set, args.format)
         if args.reproduce is not None and len(args.rule or ()) != 1:
             raise _UsageError("--reproduce replays one rule's counterexample: give exactly one --rule")
         unknown = [name for name in args.rule or () if name not in rule_set]
@@ -326,6 +332,23 @@ def _verify(args: argparse.Namespace) -> int:
     else:
         print(report)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def _coverage(rule_set, output_format: str) -> int:
+    """``verify --coverage``: the ops without a sampler, one a line with the rules naming them."""
+    from fxrules.verifier.driver import coverage
+
+    gaps = coverage(rule_set)
+    if output_format == "json":
+        _print_json({"version": 1, "complete": not gaps,
+                     "uncovered": [{"op": gap.op, "rules": list(gap.rules)} for gap in gaps]})
+    else:
+        for gap in gaps:
+            print(f"no sampler: {gap.op} (named by {', '.join(gap.rules)})")
+        print(f"fxrules verify --coverage: {len(rule_set.names)} rules, "
+              + ("every op they name has a sampler" if not gaps else f"{len(gaps)} op{'s' * (len(gaps) != 1)} "
+                                                                      f"without a sampler"))
+    return EXIT_PROBLEMS if gaps else EXIT_OK
 
 
 # ---------------------------------------------------------------------------

@@ -16,7 +16,10 @@ For each rule, two kinds of evidence:
 The property, by contract:
 
 ``exact``
-    every output bit-identical (same shape, dtype and values; NaN where NaN was).
+    every output bit-identical (:func:`bit_identical`: same shape, dtype and bits; any NaN equals
+    any NaN; signed zeros differ; complex by parts), and no output newly sharing memory with a
+    parameter, buffer or another output (``approx`` too). Gradients w.r.t. the inputs and the
+    trainable parameters are compared by the same contract unless ``grad=False``.
 ``approx``
     a rewrite that keeps every output's shape and dtype agrees within
     ``torch.testing.assert_close``'s tolerance for that dtype; for the low-precision
@@ -27,7 +30,8 @@ The property, by contract:
 ``changes``
     the rewritten model runs; the verdict says whether shapes were kept.
 
-Grades (:class:`Grade`): ``validated`` (all evidence agrees), ``wrong`` (a contract broken),
+Grades (:class:`Grade`): ``validated`` (all evidence agrees, on at least :data:`MIN_HOSTS`
+distinct host graphs), ``weak`` (nothing broke, but fewer distinct hosts), ``wrong`` (a contract broken),
 ``noisy`` (a negative example rewritten), ``missing`` (a positive example not
 rewritten as expected), ``unverified`` (no host graphs could be drawn — no sampler
 for one of its ops, or none the rule rewrites — and no positive example),
@@ -67,6 +71,7 @@ class Grade(StrEnum):
     NOISY = "noisy"
     MISSING = "missing"
     UNVERIFIED = "unverified"
+    WEAK = "weak"
     ERROR = "error"
 
     @property
@@ -76,8 +81,13 @@ class Grade(StrEnum):
 
 
 GRADES = tuple(Grade)
-_SEVERITY = {Grade.WRONG: 5, Grade.ERROR: 4, Grade.NOISY: 3, Grade.MISSING: 2, Grade.UNVERIFIED: 1,
+_SEVERITY = {Grade.WRONG: 6, Grade.ERROR: 5, Grade.NOISY: 4, Grade.MISSING: 3, Grade.UNVERIFIED: 2, Grade.WEAK: 1,
              Grade.VALIDATED: 0}
+
+MIN_HOSTS = 5
+"""The fewest distinct host graphs (see :func:`host_fingerprint`) a rule must be checked on, contract
+kept, to be graded ``validated``; with fewer (and no broken contract) it is ``weak``: its examples
+alone, or one or two hosts, are not evidence enough."""
 
 
 class HostsGap(StrEnum):
@@ -125,8 +135,10 @@ class HostsNote:
         return f"host check flaky: {self.detail}"
 
 
-DEFAULT_DTYPES = (torch.float32, torch.float64, torch.float32, torch.float64, torch.float16, torch.bfloat16)
-"""The host dtypes drawn (repeats weigh the draw): mostly float32 and float64, sometimes the half types."""
+DEFAULT_DTYPES = (torch.float32, torch.float64, torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                  torch.float32, torch.float64, torch.int64, torch.int32, torch.bool, torch.complex64)
+"""The host dtypes drawn (repeats weigh the draw): mostly float32 and float64, sometimes the half types,
+integers, bool and complex (a host whose ops refuse the dtype is discarded and another drawn)."""
 
 
 @dataclass(frozen=True)
@@ -197,9 +209,15 @@ class RuleVerdict:
 
     def render(self) -> str:
         head = f"{self.source}: {self.rule} [{self.contract}]: {self.grade}"
-        detail = [f"{self.hosts_checked} host graph{'s' * (self.hosts_checked != 1)} checked"]
+        detail = [f"{self.hosts_checked} distinct host graph{'s' * (self.hosts_checked != 1)} checked"]
+        if self.counterexample is not None and self.hosts_checked and self.hosts_note is None:
+            detail = [f"{self.hosts_checked} distinct host graph{'s' * (self.hosts_checked != 1)} checked, "
+                      f"the last broke the contract"]
         if self.hosts_note:
             detail = [self.hosts_note]
+        if self.grade is Grade.WEAK:
+            detail.append(f"weak: {self.hosts_checked} distinct host graph{'s' * (self.hosts_checked != 1)} "
+                          f"kept the contract, {MIN_HOSTS} needed")
         if self.examples:
             good = sum(e.problem is None for e in self.examples)
             detail.append(f"{good}/{len(self.examples)} examples behaved")
@@ -268,10 +286,11 @@ class VerifyOptions:
     max_examples: int = 50
     seed: Optional[int] = None
     dtypes: tuple = DEFAULT_DTYPES
-    grad: bool = False
+    grad: bool = True
     database: Any = "default"
     catalogue: Any = None
     reproduce: Optional[str] = None  # a @reproduce_failure(...) line: replay that one host
+    min_hosts: int = MIN_HOSTS  # fewer distinct hosts checked: graded weak (tests of the grading lower it)
 
 
 # ---------------------------------------------------------------------------
@@ -342,13 +361,32 @@ def compare(before: Any, after: Any, contract: str, reference: Optional[Any] = N
         if contract == "changes" or out.problem is not None:
             continue
         if contract == "exact":
-            same = torch.equal(a, b) or bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all()) \
-                if a.is_floating_point() else torch.equal(a, b)
-            if not same:
+            if not bit_identical(a, b):
                 out.problem = f"{where} is not bit-identical after the rewrite"
         elif not _close(a, b, ref):
             out.problem = f"{where} differs beyond the tolerance for {str(a.dtype).replace('torch.', '')}"
     return out
+
+
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``[exact]``'s equality: same shape and dtype, and every element the same bits, except that
+    any NaN equals any NaN (payload and sign of a NaN are not compared: torch does not promise
+    how they propagate). ``+0.0`` and ``-0.0`` differ. A complex element is compared as its real
+    and imaginary parts, each by that rule; integers and bools by value. Strides are not
+    compared here (a ``.view`` user in the host catches a rewrite that changes them)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_complex():
+        return bit_identical(torch.view_as_real(a.detach().resolve_conj()), torch.view_as_real(b.detach().resolve_conj()))
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    a, b = a.detach().contiguous(), b.detach().contiguous()
+    bits = _BITS[a.element_size()]
+    same = (a.view(bits) == b.view(bits)) | (torch.isnan(a) & torch.isnan(b))
+    return bool(same.all())
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, ref: Optional[torch.Tensor]) -> bool:
@@ -377,34 +415,124 @@ def _describe(t: torch.Tensor) -> str:
 # Running models
 # ---------------------------------------------------------------------------
 
-def _run(module: torch.nn.Module, inputs: tuple) -> Any:
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Every random state a model run may read (torch's CPU generator, Python's ``random``, numpy's
+    global state), set from ``seed`` and restored afterwards: the original and the rewritten
+    model draw the same random numbers, and a replayed host runs as it ran."""
+    import random
+
+    numpy = _numpy()
+    saved_python = random.getstate()
+    saved_numpy = numpy.random.get_state() if numpy is not None else None
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        if numpy is not None:
+            numpy.random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            random.setstate(saved_python)
+            if numpy is not None:
+                numpy.random.set_state(saved_numpy)
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - torch's wheels bring numpy
+        return None
+    return numpy
+
+
+def _run(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Any:
+    from fxrules.verifier.hosts import fresh
+
     # torch.fx prints the generated code to stderr when it raises; the verdict says what went wrong.
-    # within_budget: measured on fake tensors first (fxrules.verifier.budget)
-    with within_budget(module, inputs), torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
-        return module(*[t.clone() for t in inputs])
+    # within_budget: measured on fake tensors first (fxrules.engine.budget)
+    with within_budget(module, inputs), torch.no_grad(), contextlib.redirect_stderr(io.StringIO()), seeded(seed):
+        return module(*[fresh(t) for t in inputs])
 
 
-def _reference(module: torch.nn.Module, inputs: tuple) -> Optional[Any]:
+def _aliases(module: torch.nn.Module, outputs: Any) -> set:
+    """Which outputs share memory with a parameter or buffer of ``module`` or with another output:
+    ``("output 0", "parameter w")`` pairs, for the rule that a rewrite adds no aliasing."""
+    tensors = [(f"output {i}", o) for i, o in enumerate(_flatten(outputs)) if isinstance(o, torch.Tensor)]
+    owned = [(f"parameter {n}", t) for n, t in module.named_parameters()] + \
+            [(f"buffer {n}", t) for n, t in module.named_buffers()]
+    found = set()
+    for index, (name, tensor) in enumerate(tensors):
+        if tensor.numel() == 0:
+            continue
+        where = tensor.untyped_storage().data_ptr()
+        for other, value in owned + tensors[index + 1:]:
+            if value.numel() and value.untyped_storage().data_ptr() == where:
+                found.add((name, other))
+    return found
+
+
+def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optional[Any]:
     """The original model in float64, for ``approx`` on low-precision dtypes; None when it cannot run so."""
     if not any(t.is_floating_point() and t.dtype != torch.float64 for t in inputs):
         return None
     try:
         double = copy.deepcopy(module).double()
-        return _run(double, tuple(t.double() if t.is_floating_point() else t for t in inputs))
+        return _run(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed)
     except Exception:
         return None
 
 
-def _gradients(module: torch.nn.Module, inputs: tuple) -> Optional[list]:
-    """Gradients of the sum of floating outputs w.r.t. the floating inputs (None when nothing is differentiable)."""
-    leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
-    outputs = [o for o in _flatten(module(*leaves)) if isinstance(o, torch.Tensor) and o.requires_grad]
-    if not outputs:
-        return None
-    loss = sum(o.double().sum() for o in outputs)
-    wanted = [t for t in leaves if t.requires_grad]
-    grads = torch.autograd.grad(loss, wanted, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g for t, g in zip(wanted, grads)]
+@dataclass(frozen=True)
+class _Gradients:
+    """Gradients of one run: ``inputs`` (one per floating input, zeros where unused) and ``parameters``
+    (name -> gradient, None where the parameter is off the gradient path) for the trainable ones."""
+
+    inputs: tuple
+    parameters: dict
+
+
+def _gradients(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optional[_Gradients]:
+    """Gradients of the sum of the floating outputs w.r.t. the floating inputs and the trainable
+    parameters (None when no output is differentiable)."""
+    from fxrules.verifier.hosts import fresh
+
+    leaves = [fresh(t).requires_grad_(t.is_floating_point() or t.is_complex()) for t in inputs]
+    params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    with within_budget(module, inputs), torch.enable_grad(), contextlib.redirect_stderr(io.StringIO()), \
+            seeded(seed):
+        outputs = [o for o in _flatten(module(*leaves)) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if not outputs:
+            return None
+        loss = sum(torch.view_as_real(o).double().sum() if o.is_complex() else o.double().sum() for o in outputs)
+        wanted = [t for t in leaves if t.requires_grad] + [p for _, p in params]
+        grads = torch.autograd.grad(loss, wanted, allow_unused=True)
+    count = sum(t.requires_grad for t in leaves)
+    found = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted[:count], grads[:count])]
+    return _Gradients(tuple(found), {name: g for (name, _), g in zip(params, grads[count:])})
+
+
+def _compare_gradients(before: _Gradients, after: _Gradients, contract: str) -> _Comparison:
+    """Input gradients by the contract; then every trainable parameter of the original must still be a
+    trainable parameter of the rewritten model, on the gradient path where it was, with its gradient
+    kept by the contract (a rule that folds a trainable parameter away breaks training)."""
+    outcome = compare(list(before.inputs), list(after.inputs), contract, noun="input gradient")
+    if outcome.problem is not None:
+        return outcome
+    for name, grad in before.parameters.items():
+        if name not in after.parameters:
+            return _Comparison(f"the trainable parameter {name} is gone from the rewritten model (or no longer "
+                               f"requires grad), so training it stops")
+        new = after.parameters[name]
+        if (grad is None) != (new is None):
+            state = "is no longer" if new is None else "is now"
+            return _Comparison(f"the trainable parameter {name} {state} on the gradient path after the rewrite")
+        if grad is None:
+            continue
+        found = compare(grad, new, contract, noun=f"gradient of parameter {name}")
+        if found.problem is not None:
+            return found
+    return outcome
 
 
 class _Broken(Exception):
@@ -432,9 +560,10 @@ def _apply_one(module: torch.nn.Module, single: RuleSet, name: str, inputs: tupl
 
 
 def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: VerifyOptions,
-                   facts: tuple, code: str) -> tuple[int, Optional[Counterexample], Optional[bool]]:
-    """Apply the rule to ``module``; (rewrites, counterexample or None, shapes kept)."""
-    before = _run(module, inputs)
+                   facts: tuple, code: str, seed: int = 0) -> tuple[int, Optional[Counterexample], Optional[bool]]:
+    """Apply the rule to ``module``; (rewrites, counterexample or None, shapes kept). ``seed``: the
+    random state both models run from (see :func:`seeded`)."""
+    before = _run(module, inputs, seed)
     try:
         result, count = _apply_one(module, single, rule.name, inputs)
     except FxrulesError as exc:
@@ -447,25 +576,40 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
                                      None, None, code), None
         return 0, None, None
     try:
-        after = _run(result.module, inputs)
+        after = _run(result.module, inputs, seed)
     except Exception as exc:
         return count, Counterexample(f"the rewritten model raised {type(exc).__name__}: {exc}", facts, None, None,
                                      code), False
-    reference = _reference(module, inputs) if rule.contract == "approx" else None
+    reference = _reference(module, inputs, seed) if rule.contract == "approx" else None
     outcome = compare(before, after, rule.contract, reference)
+    if outcome.problem is None and rule.contract != "changes":
+        added = _aliases(result.module, after) - _aliases(module, before)
+        if added:
+            output, other = sorted(added)[0]
+            outcome = _Comparison(f"{output} shares memory with {other} after the rewrite (it did not before)",
+                                  outcome.max_abs, outcome.max_rel)
     if outcome.problem is None and options.grad and rule.contract != "changes" and outcome.shapes_kept:
         try:
-            grads_before, grads_after = _gradients(module, inputs), _gradients(result.module, inputs)
+            grads_before, grads_after = _gradients(module, inputs, seed), _gradients(result.module, inputs, seed)
         except RuntimeError:
             grads_before = grads_after = None
         if grads_before is not None and grads_after is not None:
-            grad_outcome = compare(grads_before, grads_after, rule.contract, noun="input gradient")
+            grad_outcome = _compare_gradients(grads_before, grads_after, rule.contract)
             if grad_outcome.problem is not None:
                 outcome = _Comparison("gradients: " + grad_outcome.problem, grad_outcome.max_abs, grad_outcome.max_rel)
+        elif grads_before is not None:
+            outcome = _Comparison("gradients: the rewritten model's outputs no longer require grad")
     if outcome.problem is not None:
         return count, Counterexample(outcome.problem, facts, outcome.max_abs, outcome.max_rel, code), \
             outcome.shapes_kept
     return count, None, outcome.shapes_kept
+
+
+def host_fingerprint(code: str, facts: tuple) -> str:
+    """What makes two hosts distinct for :data:`MIN_HOSTS`: the graph's code and the facts a
+    counterexample prints (dtype, mode, shapes, layouts, fills, modules and their hyperparameters).
+    Hosts that differ only in their random values are the same host."""
+    return hashlib.sha256("\n".join((code, *facts)).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------
@@ -474,11 +618,15 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
 
 @dataclass
 class _HostResult:
-    checked: int = 0
+    hosts: set = field(default_factory=set)  # fingerprints of the distinct hosts checked (the broken one too)
     discarded: int = 0
     note: Optional[HostsNote] = None
     counterexample: Optional[Counterexample] = None
     shapes_kept: set = field(default_factory=set)
+
+    @property
+    def checked(self) -> int:
+        return len(self.hosts)
 
 
 def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options: VerifyOptions) -> _HostResult:
@@ -499,23 +647,28 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
         return result
 
     def test(data):
+        with seeded(0):  # module constructors read the global generator before their weights are drawn
+            check(data)
+
+    def check(data):
         dtype = data.draw(st.sampled_from(options.dtypes), label="dtype")
         training = data.draw(st.sampled_from([False, False, False, True]), label="training")
         host = HostGraphWriter(data.draw, catalogue, dtype, training).build(program.roots)
         try:
-            _run(host.module, host.inputs)
+            _run(host.module, host.inputs, host.seed)
         except Exception:
             reject()  # the drawn host itself does not run (a dtype an op lacks on CPU, ...)
         facts = (f"dtype {str(dtype).replace('torch.', '')}, {'training' if training else 'eval'} mode",
                  *host.lines)
         count, counterexample, kept = _check_rewrite(host.module, host.inputs, single, rule, options, facts,
-                                                     host.module.code)
-        if counterexample is not None:
+                                                     host.module.code, host.seed)
+        if counterexample is not None:  # applying the rule may fail before any rewrite: still a broken host
+            result.hosts.add(host_fingerprint(host.module.code, facts))
             raise _Broken(counterexample)
         if count == 0:
             result.discarded += 1
             reject()
-        result.checked += 1
+        result.hosts.add(host_fingerprint(host.module.code, facts))
         if kept is not None:
             result.shapes_kept.add(kept)
 
@@ -555,7 +708,8 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
         if blob is not None:
             path = rule.ast.span.path
             quoted = f'"{blob}"' if not set(blob) & set('"$`\\!') else shlex.quote(blob)
-            command = f"fxrules verify {shlex.quote(path)} --rule {shlex.quote(rule.name)} --reproduce {quoted}"
+            command = f"fxrules verify {shlex.quote(path)} --rule {shlex.quote(rule.name)} --reproduce {quoted}" \
+                + ("" if options.grad else " --no-grad")
         result.counterexample = Counterexample(counterexample.problem, counterexample.facts, counterexample.max_abs,
                                                counterexample.max_rel, counterexample.code, blob, command)
     except DidNotReproduce:
@@ -659,7 +813,7 @@ def _verify_rule_runs(rule_set: RuleSet, name: str, options: VerifyOptions) -> R
         hosts = _check_hosts(rule, rule_set, single, options)
         examples, example_counterexample, kept = _check_examples(rule, rule_set, single, options)
     counterexample = hosts.counterexample or example_counterexample
-    grade = _grade(examples, counterexample, hosts.checked)
+    grade = _grade(examples, counterexample, hosts.checked, options.min_hosts)
     note = hosts.note
     text = None if note is None else note.text(examples_rewrote=any(e.rewrites > 0 for e in examples))
     shapes = hosts.shapes_kept | kept
@@ -668,26 +822,31 @@ def _verify_rule_runs(rule_set: RuleSet, name: str, options: VerifyOptions) -> R
                        tuple(examples), counterexample, shapes_kept, None if note is None else note.gap)
 
 
-def _grade(examples: list[ExampleOutcome], counterexample: Optional[Counterexample], hosts_checked: int) -> Grade:
-    """A rule's grade: ``wrong`` with a counterexample, else its worst example's, and ``unverified``
-    rather than ``validated`` when neither a host nor a positive example checked the contract."""
+def _grade(examples: list[ExampleOutcome], counterexample: Optional[Counterexample], hosts_checked: int,
+           min_hosts: int = MIN_HOSTS) -> Grade:
+    """A rule's grade: ``wrong`` with a counterexample, else its worst example's; ``unverified``
+    rather than ``validated`` when neither a host nor a positive example checked the contract, and
+    ``weak`` when fewer than ``min_hosts`` distinct hosts did (examples or not)."""
     if counterexample is not None:
         return Grade.WRONG
     grade = max((e.grade for e in examples), key=_SEVERITY.__getitem__, default=Grade.VALIDATED)
     positive_checked = any(e.grade is Grade.VALIDATED and e.rewrites > 0 for e in examples)
     if grade.severity < Grade.UNVERIFIED.severity and hosts_checked == 0 and not positive_checked:
         return Grade.UNVERIFIED
+    if grade.severity < Grade.WEAK.severity and hosts_checked < min_hosts:
+        return Grade.WEAK
     return grade
 
 
-def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: bool = False,
+def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: bool = True,
            dtypes: Optional[Iterable[torch.dtype]] = None, database: Any = "default", catalogue=None,
            names: Optional[Iterable[str]] = None, allow_imports: Iterable[str] = (), progress=None,
            reproduce: Optional[str] = None) -> VerifyReport:
     """Check that every rule keeps its contract; see the module docstring.
 
     ``rules``: a RuleSet or rule file path(s). ``max_examples``: host graphs per rule.
-    ``seed``: fix hypothesis' seed (reproducible runs). ``grad``: compare gradients too.
+    ``seed``: fix hypothesis' seed (reproducible runs). ``grad``: compare gradients too (w.r.t. the
+    inputs and the trainable parameters; on by default, ``grad=False`` for forward only).
     ``names``: verify only these rules. ``progress``: called with (done, total, rule name).
     ``reproduce``: a counterexample's ``@reproduce_failure(...)`` line: replay that one host
     (give one rule in ``names``).
@@ -719,3 +878,35 @@ def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: b
     if progress is not None:
         progress(len(selected), len(selected), None)
     return VerifyReport(tuple(verdicts), time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------
+# Coverage
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Uncovered:
+    """An op named by the patterns of ``rules`` that the catalogue has no sampler for."""
+
+    op: str
+    rules: tuple[str, ...]
+
+
+def coverage(rules, *, catalogue=None, allow_imports: Iterable[str] = ()) -> tuple[Uncovered, ...]:
+    """The ops named by the rules' patterns that no sampler covers (hosts cannot be drawn for the
+    rules naming them), in first-seen order; empty when coverage is complete. Replacement ops need
+    no sampler: only patterns are drawn."""
+    from fxrules.engine.program import RuleCompiler
+    from fxrules.lang.load import as_rule_set
+    from fxrules.verifier.hosts import missing_samplers
+    from fxrules.verifier.samplers import default_catalogue
+
+    with entered():
+        rule_set = as_rule_set(rules, allow_imports)
+        catalogue = catalogue if catalogue is not None else default_catalogue()
+        found: dict[str, list[str]] = {}
+        for name in rule_set.names:
+            program = RuleCompiler(rule_set[name], rule_set).program()
+            for op in missing_samplers(program.roots, catalogue):
+                found.setdefault(op, []).append(name)
+    return tuple(Uncovered(op, tuple(names)) for op, names in found.items())

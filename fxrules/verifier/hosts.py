@@ -18,6 +18,7 @@ draw, so verification can report "no sampler for ..." instead of guessing.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -28,11 +29,22 @@ from torch import fx, nn
 
 from fxrules.engine import fxaccess
 from fxrules.engine.program import PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, PRef, PSeq, PWildcard
-from fxrules.verifier.samplers import Catalogue, OpSampler, Param, describe_target
+from fxrules.verifier.samplers import TENSOR_KINDS, Catalogue, OpSampler, Param, describe_target
 
 TENSOR = Param("input", "tensor")
-_SEQUENCE_KINDS = frozenset({"perm", "dims", "shape"})
+_SEQUENCE_KINDS = frozenset({"perm", "dims", "shape", "stride", "padding", "dilation"})
 _NUMBERS = (0, 1, -1, 2, 0.5, 1.0, 0.0, -2.5, 3)
+_CONVERSIONS = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.bool, torch.complex64)
+
+FILLS = ("randn", "randn", "randn", "uniform", "zeros", "ones", "large", "special", "special")
+"""How an input's values are drawn (repeats weigh the draw). ``special`` mixes signed zeros,
+subnormals, NaN, infinities and the dtype's huge and tiny magnitudes into normal values."""
+LAYOUTS = ("contiguous", "contiguous", "contiguous", "transposed", "channels_last", "strided")
+"""An input's memory layout: ``transposed`` (the last two dims swapped in memory), ``channels_last``
+(4-D), ``strided`` (every other row of a buffer twice as long); the values are the same."""
+SOURCES = ("input", "input", "input", "input", "parameter", "frozen parameter", "buffer")
+"""Where a free tensor lives: a model input, a trainable parameter, a parameter with
+``requires_grad=False``, or a buffer of the host (read with ``get_attr``)."""
 
 
 def missing_samplers(roots: tuple, catalogue: Catalogue) -> list[str]:
@@ -79,6 +91,8 @@ class Host:
     dtype: torch.dtype
     training: bool
     lines: list  # human-readable facts: modules and their hyperparameters, inputs
+    seed: int = 0  # the random state its runs start from (drawn, so a replay runs it the same)
+    roots: tuple = ()  # the nodes (or values) the pattern's roots were written as, in order
 
 
 class HostGraphWriter:
@@ -95,6 +109,8 @@ class HostGraphWriter:
         self.placeholders: list[fx.Node] = []
         self.calls: list[fx.Node] = []
         self.lines: list[str] = []
+        self.module_calls: list[fx.Node] = []
+        self.dressing: dict = {}
         self.seed = draw(st.integers(0, 2**31 - 1), label="input seed")
         self.generator = torch.Generator().manual_seed(self.seed)
 
@@ -106,10 +122,38 @@ class HostGraphWriter:
             outputs.append(self.draw(st.sampled_from(extra), label="inner output"))
         if not any(isinstance(o, fx.Node) for o in outputs):
             reject()
+        pattern_roots = tuple(outputs[:len(roots)])
+        # sampled_from, not integers(0, n) == n: hypothesis rarely draws an integer range's far end
+        if isinstance(outputs[0], fx.Node) and self.draw(st.sampled_from([False, True]), label="a view of the result"):
+            outputs[0] = self.view_user(outputs[0])
+        if self.module_calls and self.draw(st.sampled_from([False, False, True]), label="a module called twice"):
+            outputs.append(self.shared_use(self.draw(st.sampled_from(self.module_calls), label="shared module")))
         self.graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
         module = fx.GraphModule(self.root, self.graph, class_name="Host")
         module.training = self.training  # not train(): each submodule has its mode, a pattern's {training=...} too
-        return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines)
+        return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines, self.seed, pattern_roots)
+
+    def view_user(self, node: fx.Node) -> fx.Node:
+        """``node.view(-1)``: a user that needs ``node``'s strides (a rewrite that changes them breaks it)."""
+        value = self.values.get(node)
+        if not isinstance(value, torch.Tensor):
+            return node
+        view = self.graph.call_method("view", (node, -1))
+        self.values[view] = self.evaluate(lambda: value.view(-1))
+        self.lines.append("the result is read by .view(-1)")
+        return view
+
+    def shared_use(self, node: fx.Node) -> fx.Node:
+        """A second call of a pattern's module, on a new input: a shared module a rule must not change."""
+        value = self.values.get(node.args[0])
+        if not isinstance(value, torch.Tensor):
+            reject()
+        x = self.new_input(tuple(value.shape))
+        second = self.graph.call_module(node.target, (x,))
+        module = getattr(self.root, node.target)
+        self.values[second] = self.evaluate(lambda: copy.deepcopy(module)(_clone(self.values[x])))
+        self.lines.append(f"module {node.target} is called again, on {x.name}")
+        return second
 
     # -- patterns -------------------------------------------------------------------------
     def pattern(self, p: Any, param: Param, ctx: dict, ranks: Optional[tuple] = None) -> Any:
@@ -154,20 +198,8 @@ class HostGraphWriter:
     def free(self, param: Param, ctx: dict, ranks: Optional[tuple]) -> Any:
         draw, kind = self.draw, param.kind
         of = self.value_of(ctx.get(param.of)) if param.of else None
-        if kind == "tensor":
-            return self.new_input(self.shape(ranks))
-        if kind == "tensor_like":
-            if not isinstance(of, torch.Tensor):
-                return self.new_input(self.shape(ranks))
-            choice = draw(st.sampled_from(["same", "same", "suffix", "number", "scalar"]), label="broadcast")
-            if choice == "number":
-                return draw(st.sampled_from(_NUMBERS), label=param.name)
-            if choice == "scalar":
-                return self.new_input(())
-            shape = tuple(of.shape)
-            if choice == "suffix" and shape:
-                shape = shape[draw(st.integers(0, len(shape)), label="suffix start"):]
-            return self.new_input(shape)
+        if kind in TENSOR_KINDS:
+            return self.free_tensor(param, ctx, ranks, of)
         if kind == "number":
             return draw(st.sampled_from(_NUMBERS) | st.floats(-4, 4, allow_nan=False, width=32), label=param.name)
         if kind in ("dim", "dim_or_none", "dims", "perm", "shape") and not isinstance(of, (torch.Tensor, list)):
@@ -194,19 +226,127 @@ class HostGraphWriter:
             return draw(st.sampled_from([0.01, 0.1, 0.5, 1.0, 2.0]), label=param.name)
         if kind == "gelu_approx":
             return draw(st.sampled_from(["none", "tanh"]), label=param.name)
-        if kind == "matmul_rhs":
-            if not isinstance(of, torch.Tensor) or of.ndim == 0:
+        if kind == "dtype":
+            return draw(st.sampled_from(_CONVERSIONS), label=param.name)
+        if kind == "index_or_none":
+            return draw(st.sampled_from([None, 0, 1, 2, -1, -2, 10]), label=param.name)
+        if kind == "step":
+            return draw(st.integers(1, 2), label=param.name)
+        if kind == "false":
+            return False
+        if kind == "end_dim":
+            if rank == 0:
                 reject()
-            inner = of.shape[-1]
-            columns = draw(st.integers(1, 4), label="columns")
-            shape = (inner,) if draw(st.booleans(), label="vector rhs") else (inner, columns)
-            if of.ndim > 2 and draw(st.booleans(), label="batched rhs"):
-                shape = tuple(of.shape[:-2]) + (inner, columns)
-            return self.new_input(shape)
+            start = ctx.get("start_dim", 0)
+            start = start + rank if isinstance(start, int) and start < 0 else start
+            end = draw(st.integers(start if isinstance(start, int) else 0, rank - 1), label=param.name)
+            return end - rank if draw(st.booleans(), label=f"{param.name} negative") else end
+        if kind in ("stride", "padding", "dilation"):
+            low, high = {"stride": (1, 2), "padding": (0, 1), "dilation": (1, 2)}[kind]
+            spatial = max(rank - 2, 1)
+            return draw(st.lists(st.integers(low, high), min_size=spatial, max_size=spatial), label=param.name)
+        if kind == "groups":
+            x = self.value_of(ctx.get("input", ctx.get("self")))
+            if not isinstance(x, torch.Tensor) or not isinstance(of, torch.Tensor) or x.ndim < 2 or of.ndim < 2 \
+                    or x.shape[1] % of.shape[1]:
+                reject()
+            return x.shape[1] // of.shape[1]
         if kind == "tensor_list":
             shape = tuple(of.shape) if isinstance(of, torch.Tensor) else self.shape(ranks)
             return [self.new_input(shape) for _ in range(draw(st.integers(1, 3), label="list length"))]
         raise AssertionError(kind)  # pragma: no cover - Param checks kinds
+
+    def free_tensor(self, param: Param, ctx: dict, ranks: Optional[tuple], of: Any) -> Any:
+        """A tensor for one of the tensor kinds (``TENSOR_KINDS``): its shape from the kind, its
+        home (input, parameter, buffer) drawn; None where the kind allows it and it was drawn."""
+        draw, kind = self.draw, param.kind
+        dtype = torch.bool if kind == "mask" else None
+        if kind in ("tensor_like", "tensor_partner", "mask"):
+            if not isinstance(of, torch.Tensor):
+                return self.tensor(self.shape(ranks), param, dtype=dtype)
+            choices = ["same", "same", "suffix", "scalar", "expand", "stretch"]
+            if kind == "tensor_like":
+                choices.append("number")
+            choice = draw(st.sampled_from(choices), label="broadcast")
+            if choice == "number":
+                return draw(st.sampled_from(_NUMBERS), label=param.name)
+            return self.tensor(self.partner_shape(tuple(of.shape), choice), param, dtype=dtype)
+        if kind == "tensor":
+            return self.tensor(self.shape(ranks), param)
+        if not isinstance(of, torch.Tensor):
+            reject()
+        shape = self.kind_shape(kind, of, ctx)
+        if shape is None:
+            return None
+        return self.tensor(shape, param, positive=kind == "variance")
+
+    def partner_shape(self, shape: tuple, choice: str) -> tuple:
+        """A shape that broadcasts with ``shape``: the same, a suffix, a scalar, or one that
+        *expands* it (``expand``: more leading dims; ``stretch``: its 1s made larger), so a rule that
+        keeps one operand and drops the other is drawn with the kept one the smaller."""
+        draw = self.draw
+        if choice == "scalar":
+            return ()
+        if choice == "suffix" and shape:
+            return shape[draw(st.integers(0, len(shape)), label="suffix start"):]
+        if choice == "expand":
+            lead = draw(st.lists(st.integers(2, 3), min_size=1, max_size=max(1, 4 - len(shape))), label="lead dims")
+            return tuple(lead) + shape
+        if choice == "stretch":
+            if 1 not in shape:
+                reject()
+            return tuple(draw(st.integers(2, 3), label="stretched") if d == 1 else d for d in shape)
+        return shape
+
+    def kind_shape(self, kind: str, of: torch.Tensor, ctx: dict) -> Optional[tuple]:
+        """The shape of the tensor a shape-bound kind draws (None: the kind drew None)."""
+        draw = self.draw
+        if kind == "matmul_rhs":
+            if of.ndim == 0:
+                reject()
+            inner, columns = of.shape[-1], draw(st.integers(1, 4), label="columns")
+            shape = (inner,) if draw(st.booleans(), label="vector rhs") else (inner, columns)
+            if of.ndim > 2 and draw(st.booleans(), label="batched rhs"):
+                shape = tuple(of.shape[:-2]) + (inner, columns)
+            return shape
+        if kind == "matrix_rhs":
+            if of.ndim != 2:
+                reject()
+            return (of.shape[-1], draw(st.integers(1, 4), label="columns"))
+        if kind == "bmm_rhs":
+            if of.ndim != 3:
+                reject()
+            return (of.shape[0], of.shape[2], draw(st.integers(1, 4), label="columns"))
+        if kind == "addmm_mat1":
+            rows = of.shape[0] if of.ndim == 2 else draw(st.integers(1, 4), label="rows")
+            return (rows, draw(st.integers(1, 4), label="inner"))
+        if kind == "addmm_mat2":
+            bias = self.value_of(ctx.get("input", ctx.get("self")))
+            columns = bias.shape[-1] if isinstance(bias, torch.Tensor) and bias.ndim else 1
+            return (of.shape[-1], columns)
+        if kind == "conv_weight":
+            if of.ndim < 3:
+                reject()
+            channels, size = of.shape[1], min(of.shape[2:])
+            groups = draw(st.sampled_from([g for g in (1, 2) if channels % g == 0]), label="groups")
+            out = draw(st.integers(1, 3), label="out channels") * groups
+            kernel = draw(st.integers(1, max(1, min(3, size))), label="kernel")
+            return (out, channels // groups) + (kernel,) * (of.ndim - 2)
+        if kind == "conv_bias":
+            return None if draw(st.booleans(), label="no bias") else (of.shape[0],)
+        if of.ndim < 2:
+            reject()
+        if kind == "channels_or_none" and draw(st.booleans(), label="none"):
+            return None
+        return (of.shape[1],)  # channels, channels_or_none, variance
+
+    def tensor(self, shape: tuple, param: Param, *, dtype: Optional[torch.dtype] = None,
+               positive: bool = False) -> fx.Node:
+        """A tensor value of the host: an input, or a parameter (trainable or frozen) or a buffer."""
+        source = self.draw(st.sampled_from(SOURCES), label=f"{param.name} is")
+        if source == "input" or dtype is torch.bool:
+            return self.new_input(shape, dtype=dtype, positive=positive)
+        return self.new_attribute(shape, source, positive=positive)
 
     def sequence(self, items: list, param: Param, ctx: dict) -> list:
         """A dims/permutation/shape argument written item by item (``permute($x, $a, $b)``): the
@@ -246,10 +386,13 @@ class HostGraphWriter:
             reject()
         return target
 
-    def new_input(self, shape: tuple) -> fx.Node:
-        fill = self.draw(st.sampled_from(["randn", "randn", "randn", "uniform", "zeros", "ones", "large"]),
-                         label="input values")
-        tensor = _values(fill, shape, self.dtype, self.generator)
+    def new_input(self, shape: tuple, *, dtype: Optional[torch.dtype] = None, positive: bool = False) -> fx.Node:
+        dtype = dtype or self.dtype
+        fill = self.draw(st.sampled_from(FILLS), label="input values")
+        layout = self.draw(st.sampled_from(LAYOUTS), label="layout")
+        tensor = _laid_out(_values(fill, shape, dtype, self.generator, positive), layout)
+        if tensor is None:
+            layout, tensor = "contiguous", _values(fill, shape, dtype, self.generator, positive)
         name = f"x{len(self.inputs)}"
         anchor = next((n for n in self.graph.nodes if n.op != "placeholder"), None)
         if anchor is None:
@@ -259,29 +402,44 @@ class HostGraphWriter:
                 node = self.graph.placeholder(name)
         self.values[node] = tensor
         self.inputs.append(tensor)
-        self.lines.append(f"input {name}: {_dtype_name(self.dtype)}{list(shape)} ({fill})")
-        if self.draw(st.integers(0, 3), label="upstream computation") == 3:  # shrinks to none
+        where = "" if layout == "contiguous" else f", {layout}"
+        self.lines.append(f"input {name}: {_dtype_name(dtype)}{list(shape)} ({fill}{where})")
+        if self.draw(st.integers(0, 3), label="upstream computation") == 3 and dtype is not torch.bool:  # shrinks to none
             up = self.graph.call_function(torch.add, (node, 0.25))
-            self.values[up] = tensor + 0.25
+            self.values[up] = self.evaluate(lambda: tensor + 0.25)
             return up
         return node
 
+    def new_attribute(self, shape: tuple, source: str, *, positive: bool = False) -> fx.Node:
+        """A parameter (``source``: "parameter", "frozen parameter") or buffer of the host, read with get_attr."""
+        fill = self.draw(st.sampled_from(["zeros", "ones", "randn", "randn", "special"]), label="attribute values")
+        name = f"attr{len(self.lines)}"
+        value = _values(fill, shape, self.dtype, self.generator, positive)
+        if source == "buffer" or not (value.is_floating_point() or value.is_complex()):
+            source = "buffer"
+            self.root.register_buffer(name, value)
+        else:
+            self.root.register_parameter(name, nn.Parameter(value, requires_grad=source == "parameter"))
+        node = self.graph.get_attr(name)
+        self.values[node] = getattr(self.root, name).detach()
+        self.lines.append(f"{source} {name}: {_dtype_name(self.dtype)}{list(shape)} ({fill})")
+        return node
+
     def attribute(self, param: Param, ctx: dict, ranks: Optional[tuple]) -> fx.Node:
-        """A parameter or buffer of the host model, read with get_attr."""
+        """A parameter or buffer of the host model, read with get_attr (a pattern's ``get_attr $w``)."""
         of = self.value_of(ctx.get(param.of)) if param.of else None
-        if param.kind == "tensor_like" and isinstance(of, torch.Tensor):
-            shape = tuple(of.shape)
-            if shape and self.draw(st.booleans(), label="attribute broadcasts"):
-                shape = shape[1:]
+        if param.kind in ("tensor_like", "tensor_partner") and isinstance(of, torch.Tensor):
+            choice = self.draw(st.sampled_from(["same", "suffix", "scalar", "expand", "stretch"]),
+                               label="attribute broadcasts")
+            shape = self.partner_shape(tuple(of.shape), choice)
+        elif param.kind in TENSOR_KINDS and param.kind not in ("tensor", "mask") and isinstance(of, torch.Tensor):
+            shape = self.kind_shape(param.kind, of, ctx)
+            if shape is None:
+                reject()
         else:
             shape = self.shape(ranks)
-        fill = self.draw(st.sampled_from(["zeros", "ones", "randn", "randn"]), label="attribute values")
-        name = f"attr{len(self.lines)}"
-        self.root.register_buffer(name, _values(fill, shape, self.dtype, self.generator))
-        node = self.graph.get_attr(name)
-        self.values[node] = getattr(self.root, name)
-        self.lines.append(f"buffer {name}: {_dtype_name(self.dtype)}{list(shape)} ({fill})")
-        return node
+        source = self.draw(st.sampled_from(["parameter", "frozen parameter", "buffer"]), label="attribute is")
+        return self.new_attribute(shape, source, positive=param.kind == "variance")
 
     # -- calls ---------------------------------------------------------------------------------
     def module_call(self, p: PCall) -> fx.Node:
@@ -313,18 +471,51 @@ class HostGraphWriter:
         module = sampler.build(self.draw, value, overrides)
         if module is None:
             reject()
-        module = module.to(self.dtype)
+        if self.dtype.is_floating_point or self.dtype.is_complex:
+            module = module.to(self.dtype)
         module.train(self.training if training is None else training)
+        module = self.dress(module, cls)
         for name, attr in free_attrs:  # `Conv2d{kernel_size=$k}` binds what was drawn
             if isinstance(attr, PCapture) and attr.name not in self.captures:
                 self.captures[attr.name] = getattr(module, name, None)
         target = f"m{len(fxaccess.children(self.root))}"  # one submodule per module call
         self.root.add_module(target, module)
-        self.lines.append(f"module {target}: {module!r}" + (" (training)" if module.training else " (eval)"))
+        self.lines.append(f"module {target}: {module!r}" + (" (training)" if module.training else " (eval)")
+                          + self.dressing.pop(module, ""))
         node = self.graph.call_module(target, (x,))
         self.values[node] = self.evaluate(lambda: copy.deepcopy(module)(_clone(value)))
         self.calls.append(node)
+        self.module_calls.append(node)
         return node
+
+    def dress(self, module: nn.Module, cls: type) -> nn.Module:
+        """What a real model's module may be beyond its type: an instance of the pattern's subclass
+        (its nearest base's sampler built it), of a drawn subclass that overrides a method its
+        ``forward`` calls, or one with a forward hook, frozen parameters, or parameters tied to an
+        earlier module's. Each is written into the facts."""
+        notes = []
+        if type(module) is not cls and issubclass(cls, type(module)):
+            module.__class__ = cls
+        kind = self.draw(st.sampled_from(["plain"] * 6 + ["hooked", "subclass", "frozen", "tied"]), label="module is")
+        if kind == "subclass":
+            sub = _overriding_subclass(type(module))
+            if sub is not None:
+                module.__class__ = sub
+                notes.append(f"a subclass {sub.__name__} whose {', '.join(sub.overrides)} scales its result")
+        elif kind == "hooked":
+            module.register_forward_hook(_scale_output)
+            notes.append("a forward hook doubles its output")
+        elif kind == "frozen":
+            module.requires_grad_(False)
+            notes.append("parameters frozen")
+        elif kind == "tied":
+            earlier = next((m for m in fxaccess.children(self.root).values() if type(m) is type(module)), None)
+            tied = _tie(module, earlier) if earlier is not None else []
+            if tied:
+                notes.append(f"{', '.join(tied)} tied to an earlier module's")
+        if notes:
+            self.dressing[module] = " [" + "; ".join(notes) + "]"
+        return module
 
     def op_call(self, p: PCall) -> Any:
         target = p.targets[0]
@@ -343,6 +534,9 @@ class HostGraphWriter:
                     ctx[param.name] = self.pattern(given, param, ctx, ranks)
             elif not param.optional and (p.args is None or p.rest or index >= len(mapping)):
                 ctx[param.name] = self.free(param, ctx, ranks)
+        if sampler.at_least_one and not any(name in ctx for name in sampler.at_least_one):
+            first = next(param for param in sampler.params if param.name == sampler.at_least_one[0])
+            ctx[first.name] = self.free(first, ctx, None)  # clamp() with no bound raises
         args, kwargs, skipped = [], {}, False
         keyword_only = _keyword_only(p)
         for param in sampler.params:
@@ -415,6 +609,54 @@ class HostGraphWriter:
             reject()
 
 
+def _scale_output(module: nn.Module, args: tuple, output: Any) -> Any:
+    """A forward hook that doubles a tensor output (a rule that drops or replaces the module drops it too)."""
+    return output * 2 if isinstance(output, torch.Tensor) else output
+
+
+_SUBCLASSES: dict = {}
+
+
+def _overriding_subclass(cls: type) -> Optional[type]:
+    """A subclass of ``cls`` overriding the methods its ``forward`` calls on ``self`` (``Conv2d._conv_forward``)
+    so they scale their tensor result: a rule that matches it and computes what ``cls`` would is wrong.
+    None when ``forward`` calls no method of the class."""
+    if cls in _SUBCLASSES:
+        return _SUBCLASSES[cls]
+    names = []
+    forward = getattr(cls, "forward", None)
+    for name in getattr(getattr(forward, "__code__", None), "co_names", ()):
+        static = inspect.getattr_static(cls, name, None)
+        if name != "forward" and not name.startswith("__") and inspect.isfunction(static):
+            names.append(name)
+    sub = None
+    if names:
+        body = {name: _scaling(getattr(cls, name)) for name in names}
+        body["overrides"] = tuple(names)
+        sub = type(f"Overriding{cls.__name__}", (cls,), body)
+    _SUBCLASSES[cls] = sub
+    return sub
+
+
+def _scaling(method: Callable) -> Callable:
+    def scaled(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        return out * 1.5 if isinstance(out, torch.Tensor) else out
+
+    return scaled
+
+
+def _tie(module: nn.Module, earlier: nn.Module) -> list:
+    """Make ``module``'s parameters the same objects as ``earlier``'s where the shapes agree; the names tied."""
+    tied = []
+    for name, param in list(module.named_parameters(recurse=False)):
+        other = getattr(earlier, name, None)
+        if isinstance(other, nn.Parameter) and other.shape == param.shape and other.dtype == param.dtype:
+            setattr(module, name, other)
+            tied.append(name)
+    return tied
+
+
 def _keyword_only(p: PCall) -> frozenset:
     """The parameters the target takes by keyword only (``F.gelu``'s ``approximate``), by the signatures
     the compiler bound the pattern to: a host must pass them by name, or every call raises and every
@@ -425,7 +667,7 @@ def _keyword_only(p: PCall) -> frozenset:
 
 def _clone(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.clone()
+        return fresh(value)
     if isinstance(value, (list, tuple)):
         return type(value)(_clone(v) for v in value)
     return value
@@ -438,19 +680,76 @@ def _product(values) -> int:
     return total
 
 
-def _values(fill: str, shape: tuple, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
+def _values(fill: str, shape: tuple, dtype: torch.dtype, generator: torch.Generator,
+            positive: bool = False) -> torch.Tensor:
+    """Values of ``dtype`` drawn as ``fill`` says (see ``FILLS``); ``positive``: all above 0 (variances)."""
+    if positive:
+        base = torch.rand(shape, generator=generator, dtype=torch.float64) * 2 + 0.1
+        return base.to(dtype)
     if fill == "zeros":
         return torch.zeros(shape, dtype=dtype)
     if fill == "ones":
         return torch.ones(shape, dtype=dtype)
-    if not dtype.is_floating_point:
-        return torch.randint(-3, 4, shape, generator=generator).to(dtype)
+    if dtype is torch.bool:
+        return torch.rand(shape, generator=generator) > 0.5
+    if not (dtype.is_floating_point or dtype.is_complex):
+        values = torch.randint(-3, 4, shape, generator=generator)
+        if fill == "special" and values.numel():
+            info = torch.iinfo(dtype)
+            extremes = torch.tensor([info.min, info.max, 0, -1], dtype=torch.int64)
+            pick = torch.randint(0, 2, shape, generator=generator).bool()
+            values = torch.where(pick, extremes[torch.randint(0, 4, shape, generator=generator)], values)
+        return values.to(dtype)
+    if dtype.is_complex:
+        real = _values(fill, shape, torch.float64, generator)
+        imag = _values(fill, shape, torch.float64, generator)
+        return torch.complex(real, imag).to(dtype)
     base = torch.randn(shape, generator=generator, dtype=torch.float64)
     if fill == "uniform":
         base = torch.rand(shape, generator=generator, dtype=torch.float64)
     elif fill == "large":
         base = base * 100
+    elif fill == "special" and base.numel():
+        base = torch.where(torch.rand(shape, generator=generator) < 0.5,
+                           _special(dtype)[torch.randint(0, len(_SPECIAL_NAMES), shape, generator=generator)], base)
     return base.to(dtype)
+
+
+_SPECIAL_NAMES = ("+0", "-0", "nan", "inf", "-inf", "subnormal", "-subnormal", "huge", "-huge", "tiny")
+
+
+def _special(dtype: torch.dtype) -> torch.Tensor:
+    """The special values of a floating dtype, in float64 (each representable in ``dtype``)."""
+    info = torch.finfo(dtype)
+    subnormal = info.smallest_normal / 4
+    huge = info.max / 8
+    values = (0.0, -0.0, float("nan"), float("inf"), float("-inf"), subnormal, -subnormal, huge, -huge,
+              info.smallest_normal)
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def _laid_out(tensor: torch.Tensor, layout: str) -> Optional[torch.Tensor]:
+    """``tensor``'s values in the memory ``layout`` (see ``LAYOUTS``); None when the layout does not
+    apply to its rank (the host then keeps it contiguous)."""
+    if layout == "contiguous":
+        return tensor
+    if layout == "transposed":
+        return tensor.transpose(-1, -2).contiguous().transpose(-1, -2) if tensor.ndim >= 2 else None
+    if layout == "channels_last":
+        return tensor.contiguous(memory_format=torch.channels_last) if tensor.ndim == 4 else None
+    if tensor.ndim == 0:
+        return None
+    # every other row of a buffer twice as long: for 2+ dims no view can flatten it
+    wide = torch.zeros((tensor.shape[0] * 2,) + tuple(tensor.shape[1:]), dtype=tensor.dtype)
+    strided = wide[::2]
+    strided.copy_(tensor)
+    return strided
+
+
+def fresh(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` with its strides (``clone`` makes a non-dense tensor contiguous), so every
+    run of a host sees the layout that was drawn."""
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype).copy_(tensor)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

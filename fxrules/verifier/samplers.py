@@ -33,7 +33,30 @@ Kinds (``of`` names the tensor parameter a kind depends on):
 ``matmul_rhs``     a tensor whose first dimension (after batching) fits ``of``'s last
 ``tensor_list``    a list of 1-3 tensors of ``of``'s shape (for cat/stack)
 ``gelu_approx``    "none" or "tanh"
+``tensor_partner`` like ``tensor_like`` but never a Python number (``torch.maximum`` takes tensors)
+``matrix_rhs``     a 2-D tensor ``[k, n]`` for ``of`` of shape ``[m, k]`` (``mm``)
+``bmm_rhs``        a 3-D tensor ``[b, k, n]`` for ``of`` of shape ``[b, m, k]`` (``bmm``)
+``mask``           a bool tensor broadcastable with ``of`` (``masked_fill``, ``where``)
+``dtype``          a dtype to convert to (``Tensor.to``)
+``index_or_none``  a slice bound: a small int (negative or not) or None
+``step``           a slice step: 1 or 2
+``false``          False (a flag the CPU accepts only so: ``_softmax``'s ``half_to_float``)
+``end_dim``        a dim of ``of`` at or after the ``start_dim`` drawn before it (``flatten``)
+``conv_weight``    a convolution weight ``[out, in/groups, k...]`` for ``of`` (N, C, spatial...)
+``conv_bias``      a bias ``[out]`` for the weight ``of``, or None
+``stride``         a list of 1s and 2s, one per spatial dim of ``of``
+``padding``        a list of 0s and 1s, one per spatial dim of ``of``
+``dilation``       a list of 1s and 2s, one per spatial dim of ``of``
+``groups``         the groups that make the weight ``of`` fit the input (``in / weight.shape[1]``)
+``channels``       a vector of ``of``'s channel count (``of.shape[1]``): running means ...
+``channels_or_none``  the same, or None (batch norm's optional weight and bias)
+``variance``       a positive vector of ``of``'s channel count (running variances)
+``addmm_mat1``     ``[m, k]`` fitting ``of`` (addmm's input, ``[n]`` or ``[m, n]``)
+``addmm_mat2``     ``[k, n]`` fitting ``of`` (the ``mat1``) and addmm's input
 =================  ============================================================
+
+A tensor a kind draws is sometimes a model input and sometimes a parameter (trainable or
+frozen) or buffer of the host (:mod:`fxrules.verifier.hosts` says how often).
 """
 
 from __future__ import annotations
@@ -50,8 +73,15 @@ from fxrules.engine import fxaccess
 
 KINDS = frozenset({
     "tensor", "tensor_like", "number", "dim", "dim_or_none", "dims", "perm", "shape", "prob", "bool", "positive",
-    "matmul_rhs", "tensor_list", "gelu_approx",
+    "matmul_rhs", "tensor_list", "gelu_approx", "tensor_partner", "matrix_rhs", "bmm_rhs", "mask", "dtype",
+    "index_or_none", "step", "false", "end_dim", "conv_weight", "conv_bias", "stride", "padding", "dilation",
+    "groups", "channels", "channels_or_none", "variance", "addmm_mat1", "addmm_mat2",
 })
+TENSOR_KINDS = frozenset({
+    "tensor", "tensor_like", "tensor_partner", "matmul_rhs", "matrix_rhs", "bmm_rhs", "mask", "conv_weight",
+    "conv_bias", "channels", "channels_or_none", "variance", "addmm_mat1", "addmm_mat2",
+})
+"""The kinds that draw a tensor (which a host may hold as an input, a parameter or a buffer)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +111,7 @@ class OpSampler:
     min_rank: int = 0
     max_rank: int = 4
     floating_only: bool = True  # the op needs floating inputs (most do); else ints work too
+    at_least_one: tuple[str, ...] = ()  # optional parameters of which a call must pass one (clamp's min/max)
 
 
 @dataclass(frozen=True)
@@ -107,12 +138,12 @@ class Catalogue:
     modules: dict = field(default_factory=dict)
 
     def add_function(self, target: Any, *params: Param, min_rank: int = 0, max_rank: int = 4,
-                     floating_only: bool = True) -> None:
-        self.functions[target] = OpSampler(tuple(params), min_rank, max_rank, floating_only)
+                     floating_only: bool = True, at_least_one: tuple[str, ...] = ()) -> None:
+        self.functions[target] = OpSampler(tuple(params), min_rank, max_rank, floating_only, at_least_one)
 
     def add_method(self, name: str, *params: Param, min_rank: int = 0, max_rank: int = 4,
-                   floating_only: bool = True) -> None:
-        self.methods[name] = OpSampler(tuple(params), min_rank, max_rank, floating_only)
+                   floating_only: bool = True, at_least_one: tuple[str, ...] = ()) -> None:
+        self.methods[name] = OpSampler(tuple(params), min_rank, max_rank, floating_only, at_least_one)
 
     def add_module(self, cls: type, sampler: ModuleSampler) -> None:
         self.modules[cls] = sampler
@@ -127,9 +158,12 @@ class Catalogue:
         return self.methods.get(name)
 
     def module(self, cls: type) -> Optional[ModuleSampler]:
+        """The sampler of ``cls`` or of its nearest base class that has one (a pattern naming a
+        subclass of ``nn.Linear`` is drawn as a Linear turned into that subclass: see
+        :func:`fxrules.verifier.hosts.HostGraphWriter.module_call`)."""
         for base in getattr(cls, "__mro__", ()):
             if base in self.modules:
-                return self.modules[base] if base is cls else None
+                return self.modules[base]
         return None
 
     def copy(self) -> "Catalogue":
@@ -304,7 +338,7 @@ def _group_norm(draw, x, overrides):
 _UNARY = (
     "relu", "sigmoid", "tanh", "exp", "neg", "abs", "sin", "cos", "sqrt", "rsqrt", "log", "erf", "reciprocal",
     "square", "floor", "ceil", "round", "sign", "clone", "detach", "exp2", "expm1", "log1p", "trunc", "frac",
-    "relu_", "sigmoid_", "tanh_", "neg_", "abs_", "exp_", "positive", "logical_not", "isnan", "isfinite",
+    "relu_", "sigmoid_", "tanh_", "neg_", "abs_", "exp_", "positive", "logical_not", "isnan", "isfinite", "conj",
 )
 _F_UNARY = ("relu", "relu6", "sigmoid", "tanh", "silu", "mish", "hardswish", "hardsigmoid", "elu", "selu",
             "softplus", "logsigmoid", "tanhshrink", "softsign", "gelu", "leaky_relu")
@@ -369,9 +403,9 @@ def default_catalogue() -> Catalogue:
     cat.add_function(aten.reshape.default, Param("self", "tensor"), Param("shape", "shape", of="self"))
     cat.add_function(aten._unsafe_view.default, Param("self", "tensor"), Param("size", "shape", of="self"))
     cat.add_function(torch.flatten, x, Param("start_dim", "dim", of="input", optional=True),
-                     Param("end_dim", "dim", of="input", optional=True))
+                     Param("end_dim", "end_dim", of="input", optional=True))
     cat.add_method("flatten", Param("self", "tensor"), Param("start_dim", "dim", of="self", optional=True),
-                   Param("end_dim", "dim", of="self", optional=True))
+                   Param("end_dim", "end_dim", of="self", optional=True))
     cat.add_function(torch.squeeze, x, Param("dim", "dim", of="input", optional=True))
     cat.add_function(torch.unsqueeze, x, Param("dim", "dim", of="input"))
     cat.add_method("unsqueeze", Param("self", "tensor"), Param("dim", "dim", of="self"))
@@ -380,7 +414,7 @@ def default_catalogue() -> Catalogue:
     cat.add_function(aten.alias.default, Param("self", "tensor"))
     cat.add_function(aten.detach.default, Param("self", "tensor"))
     cat.add_function(torch.cat, Param("tensors", "tensor_list", of=None), Param("dim", "dim", of="tensors",
-                                                                                  optional=True))
+                                                                                  optional=True), min_rank=1)
 
     # reductions and normalisations
     for name in ("sum", "mean", "amax", "amin"):
@@ -392,7 +426,7 @@ def default_catalogue() -> Catalogue:
         cat.add_function(function, x, Param("dim", "dim", of="input"), min_rank=1)
     cat.add_method("softmax", Param("self", "tensor"), Param("dim", "dim", of="self"), min_rank=1)
     cat.add_function(aten._softmax.default, Param("self", "tensor"), Param("dim", "dim", of="self"),
-                     Param("half_to_float", "bool"), min_rank=1)
+                     Param("half_to_float", "false"), min_rank=1)
     cat.add_function(F.dropout, x, Param("p", "prob", optional=True), Param("training", "bool", optional=True),
                      Param("inplace", "bool", optional=True))
     for function in (F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout):
@@ -405,15 +439,71 @@ def default_catalogue() -> Catalogue:
         cat.add_function(getattr(aten, name).default, Param("input", "tensor"), Param("p", "prob"),
                          Param("train", "bool"), min_rank=rank[0], max_rank=rank[1])
     cat.add_function(aten.flatten.using_ints, Param("self", "tensor"),
-                     Param("start_dim", "dim", of="self", optional=True), Param("end_dim", "dim", of="self",
+                     Param("start_dim", "dim", of="self", optional=True), Param("end_dim", "end_dim", of="self",
                                                                                  optional=True))
     cat.add_function(torch.matmul, x, Param("other", "matmul_rhs", of="input"), min_rank=1)
-    cat.add_function(torch.mm, x, Param("mat2", "matmul_rhs", of="input"), min_rank=2, max_rank=2)
-    cat.add_function(aten.mm.default, Param("self", "tensor"), Param("mat2", "matmul_rhs", of="self"),
+    cat.add_method("matmul", Param("self", "tensor"), Param("other", "matmul_rhs", of="self"), min_rank=1)
+    cat.add_function(aten.matmul.default, Param("self", "tensor"), Param("other", "matmul_rhs", of="self"),
+                     min_rank=1)
+    cat.add_function(torch.mm, x, Param("mat2", "matrix_rhs", of="input"), min_rank=2, max_rank=2)
+    cat.add_method("mm", Param("self", "tensor"), Param("mat2", "matrix_rhs", of="self"), min_rank=2, max_rank=2)
+    cat.add_function(aten.mm.default, Param("self", "tensor"), Param("mat2", "matrix_rhs", of="self"),
                      min_rank=2, max_rank=2)
-    cat.add_function(torch.clamp, x, Param("min", "number", optional=True), Param("max", "number", optional=True))
-    cat.add_function(F.normalize, x, Param("p", "positive", optional=True), Param("dim", "dim", of="input",
-                                                                                      optional=True), min_rank=1)
+    cat.add_function(torch.bmm, x, Param("mat2", "bmm_rhs", of="input"), min_rank=3, max_rank=3)
+    cat.add_method("bmm", Param("self", "tensor"), Param("mat2", "bmm_rhs", of="self"), min_rank=3, max_rank=3)
+    cat.add_function(aten.bmm.default, Param("self", "tensor"), Param("mat2", "bmm_rhs", of="self"),
+                     min_rank=3, max_rank=3)
+    for addmm in (torch.addmm, aten.addmm.default):
+        cat.add_function(addmm, Param("input" if addmm is torch.addmm else "self", "tensor"),
+                         Param("mat1", "addmm_mat1", of="input" if addmm is torch.addmm else "self"),
+                         Param("mat2", "addmm_mat2", of="mat1"), min_rank=1, max_rank=2)
+    cat.add_function(torch.clamp, x, Param("min", "number", optional=True), Param("max", "number", optional=True),
+                     at_least_one=("min", "max"))
+    cat.add_method("clamp", Param("self", "tensor"), Param("min", "number", optional=True),
+                   Param("max", "number", optional=True), at_least_one=("min", "max"))
+    # dim is always passed: its default (1) is out of range for a 1-D input
+    cat.add_function(F.normalize, x, Param("p", "positive", optional=True), Param("dim", "dim", of="input"),
+                     min_rank=1)
+
+    # selections, conversions, masks
+    for target in ("maximum", "minimum"):  # tensors only: torch.maximum(x, 2) raises
+        cat.add_function(getattr(torch, target), x, Param("other", "tensor_partner", of="input"))
+        cat.add_method(target, Param("self", "tensor"), Param("other", "tensor_partner", of="self"))
+        cat.add_function(getattr(aten, target).default, Param("self", "tensor"),
+                         Param("other", "tensor_partner", of="self"))
+    cat.add_method("to", Param("self", "tensor"), Param("dtype", "dtype"), floating_only=False)
+    cat.add_function(aten._to_copy.default, Param("self", "tensor"), Param("dtype", "dtype", optional=True),
+                     floating_only=False)
+    cat.add_method("masked_fill", Param("self", "tensor"), Param("mask", "mask", of="self"),
+                   Param("value", "number"), floating_only=False)
+    cat.add_function(torch.masked_fill, x, Param("mask", "mask", of="input"), Param("value", "number"),
+                     floating_only=False)
+    cat.add_function(aten.masked_fill.Scalar, Param("self", "tensor"), Param("mask", "mask", of="self"),
+                     Param("value", "number"), floating_only=False)
+    for where in (torch.where, aten.where.self):
+        cat.add_function(where, Param("condition", "mask", of=None), Param("input" if where is torch.where else "self",
+                                                                          "tensor_partner", of="condition"),
+                         Param("other", "tensor_partner", of="condition"), floating_only=False)
+    cat.add_function(aten.slice.Tensor, Param("self", "tensor"), Param("dim", "dim", of="self", optional=True),
+                     Param("start", "index_or_none", optional=True), Param("end", "index_or_none", optional=True),
+                     Param("step", "step", optional=True), min_rank=1, floating_only=False)
+
+    # convolutions and batch norm as functions (aten graphs from torch.export, and F.convNd)
+    for spatial, (aten_conv, f_conv) in enumerate(((aten.conv1d.default, F.conv1d), (aten.conv2d.default, F.conv2d),
+                                                   (aten.conv3d.default, F.conv3d)), start=1):
+        for conv in (aten_conv, f_conv):
+            cat.add_function(conv, Param("input", "tensor"), Param("weight", "conv_weight", of="input"),
+                             Param("bias", "conv_bias", of="weight", optional=True),
+                             Param("stride", "stride", of="input", optional=True),
+                             Param("padding", "padding", of="input", optional=True),
+                             Param("dilation", "dilation", of="input", optional=True),
+                             Param("groups", "groups", of="weight", optional=True),
+                             min_rank=spatial + 2, max_rank=spatial + 2)
+    cat.add_function(aten.batch_norm.default, Param("input", "tensor"),
+                     Param("weight", "channels_or_none", of="input"), Param("bias", "channels_or_none", of="input"),
+                     Param("running_mean", "channels", of="input"), Param("running_var", "variance", of="input"),
+                     Param("training", "bool"), Param("momentum", "prob"), Param("eps", "positive"),
+                     Param("cudnn_enabled", "bool"), min_rank=2, max_rank=5)
 
     # modules
     for cls in (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout):

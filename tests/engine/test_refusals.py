@@ -380,7 +380,7 @@ def test_refusal_and_miss_codes_are_distinct_kebab_case_strings():
 
 def test_grades_are_an_enum_of_the_same_strings():
     assert GRADES == tuple(Grade)
-    assert [str(g) for g in GRADES] == ["validated", "wrong", "noisy", "missing", "unverified", "error"]
+    assert [str(g) for g in GRADES] == ["validated", "wrong", "noisy", "missing", "unverified", "weak", "error"]
     assert Grade.WRONG == "wrong" and json.dumps(Grade.WRONG) == '"wrong"'
     assert max(GRADES, key=lambda g: g.severity) is Grade.WRONG
     assert min(GRADES, key=lambda g: g.severity) is Grade.VALIDATED

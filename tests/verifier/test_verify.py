@@ -18,7 +18,7 @@ from fxrules.verifier.driver import VerifyReport, compare, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 # Hosts per rule: few in the ci profile (fixed seed), many more under HYPOTHESIS_PROFILE=thorough.
-HOSTS = max(8, settings.default.max_examples // 5)
+HOSTS = max(30, settings.default.max_examples // 5)  # the draws are wider now (dtypes, layouts, homes of tensors)
 
 
 def _verify(text: str, **options) -> VerifyReport:
@@ -64,7 +64,8 @@ def test_a_wrong_rule_is_caught_with_a_shrunk_counterexample(name):
     assert example is not None
     assert example.problem
     assert any(fact.startswith("dtype ") for fact in example.facts)
-    assert any(fact.startswith(("input ", "module ")) for fact in example.facts)
+    assert any(fact.startswith(("input ", "module ", "parameter ", "frozen parameter ", "buffer "))
+               for fact in example.facts)
     assert "def forward" in example.code
     assert example.reproduce and example.reproduce.startswith("@reproduce_failure(")
     rendered = verdict.render()
@@ -95,10 +96,11 @@ def test_linear_to_identity_is_caught_when_shapes_are_kept():
 
 
 def test_a_shape_change_breaks_approx_and_is_reported_for_changes():
-    (approx,) = _verify("call_function torch.t($x) where $x.ndim == 2 -> $x").verdicts
+    (approx,) = _verify("call_function torch.t($x) where $x.ndim == 2 and not is_constant($x) -> $x",
+                        grad=False).verdicts
     assert approx.grade == "wrong"
     assert "shape" in approx.counterexample.problem or "differs" in approx.counterexample.problem
-    (changes,) = _verify("[changes] call_module Linear($x) -> $x").verdicts
+    (changes,) = _verify("[changes] call_module Linear($x) where $x.is_contiguous() -> $x").verdicts
     assert changes.grade == "validated"
     assert changes.shapes_kept is False  # some drawn Linear changed the feature count
 
@@ -106,13 +108,13 @@ def test_a_shape_change_breaks_approx_and_is_reported_for_changes():
 def test_correct_rules_are_validated():
     text = "\n".join([
         "[exact] call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)",
-        "[exact] call_function operator.truediv($x, 2) -> call_function operator.mul($x, 0.5)",
-        "[exact] call_function torch.transpose(call_function torch.transpose($x, $a, $b), $a, $b) -> $x",
-        "[exact] call_module Dropout($x) as d where not d.training -> $x",
-        "[approx] call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn where not bn.training"
-        " -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)",
-        "[changes] call_function torch.relu($x) -> call_function torch.nn.functional.leaky_relu($x, 0.1)",
-    ])
+        # not for complex x: complex division by 2 and multiplication by 0.5 differ on infinities
+        "[exact] call_function operator.truediv($x, 2) where is_floating($x) -> call_function operator.mul($x, 0.5)",
+        "[exact] call_function torch.transpose(call_function torch.transpose($x, $a, $b), $a, $b)"
+        " where not is_constant($x) -> $x",
+        "[changes] call_function torch.relu($x) where is_floating($x)"
+        " -> call_function torch.nn.functional.leaky_relu($x, 0.1)",
+    ])  # (a Dropout removal or a conv-bn fold is wrong on hooked or trainable modules: test_soundness_draws)
     report = _verify(text)
     assert report.ok, str(report)
     for verdict in report.verdicts:
@@ -123,8 +125,8 @@ def test_correct_rules_are_validated():
 def test_gradients_are_compared_with_grad():
     # Forward bit-identical, but at 0 relu's gradient is 0 and clamp(min=0)'s is 1.
     text = "[exact] call_function torch.relu($x) -> call_function torch.clamp($x, min=0)"
-    assert _verify(text).ok
-    (verdict,) = _verify(text, grad=True, max_examples=60).verdicts
+    assert _verify(text, grad=False).ok
+    (verdict,) = _verify(text, max_examples=60).verdicts  # grad is the default
     assert verdict.grade == "wrong"
     assert "gradient" in verdict.counterexample.problem
 
@@ -151,7 +153,7 @@ rule missing "claims two rewrites" [exact]:
     example 2: call_function torch.relu(call_function torch.relu($x)) given $x: [2, 3]
 
 rule noisy "a negative example that is rewritten" [exact]:
-    call_function torch.neg(call_function torch.neg($x)) -> $x
+    call_function torch.neg(call_function torch.neg($x)) where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x
     example 0: call_function torch.neg(call_function torch.neg($x)) given $x: [2, 3]
 
 rule wrong_example "no sampler, but the example shows the rule is wrong" [exact]:
@@ -159,7 +161,7 @@ rule wrong_example "no sampler, but the example shows the rule is wrong" [exact]
     example: call_function torch.special.i0e($x) given $x: [3]
 
 rule unbuildable "an example model that cannot run" [exact]:
-    call_function torch.neg(call_function torch.neg($x)) -> $x
+    call_function torch.neg(call_function torch.neg($x)) where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x
     example: call_function torch.mm($x, $x) given $x: [2, 3]
 
 rule examples_only "no sampler, validated by its examples" [exact]:
@@ -170,7 +172,7 @@ rule examples_only "no sampler, validated by its examples" [exact]:
     report = _verify(text)
     grades = {v.rule: v.grade for v in report.verdicts}
     assert grades == {"keep": "validated", "missing": "missing", "noisy": "noisy", "wrong_example": "wrong",
-                      "unbuildable": "error", "examples_only": "validated"}
+                      "unbuildable": "error", "examples_only": "weak"}  # examples alone are weak evidence
     assert [e.grade for e in report["keep"].examples] == ["validated"] * 3
     missing = report["missing"].examples[0]
     assert missing.rewrites == 1 and missing.expected == "rewrite it exactly 2 times"
@@ -181,7 +183,7 @@ rule examples_only "no sampler, validated by its examples" [exact]:
     assert report["examples_only"].hosts_note.startswith("not verified on host graphs: no sampler")
     assert report["examples_only"].hosts_note.endswith(" (its examples verify it)")
     assert report["examples_only"].hosts_gap == "no-sampler"
-    assert report.counts()["validated"] == 2
+    assert report.counts()["validated"] == 1 and report.counts()["weak"] == 1
 
 
 def test_compare_by_contract():
@@ -215,16 +217,17 @@ def test_found_counterexamples_are_kept_in_the_database(tmp_path):
 
 def test_report_json_is_serialisable():
     report = _verify(WRONG_RULES["mul_two_is_x"] + "\n" + "[exact] call_function torch.neg(call_function "
-                                                          "torch.neg($x)) -> $x")
+                                                          "torch.neg($x)) where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x")
     data = json.loads(json.dumps(report.to_json()))
     assert data["ok"] is False and data["counts"]["wrong"] == 1 and data["counts"]["validated"] == 1
     assert data["rules"][0]["counterexample"]["reproduce"].startswith("@reproduce_failure(")
 
 
 def test_verify_selects_rules_by_name():
-    rules = fxrules.parse_rules("rule a [exact]:\n    call_function torch.neg(call_function torch.neg($x)) -> $x\n"
+    rules = fxrules.parse_rules("rule a [exact]:\n    call_function torch.neg(call_function torch.neg($x)) "
+                                "where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x\n"
                                 "rule b [exact]:\n    call_function operator.mul($x, 2) -> $x\n")
-    report = verify(rules, names=["a"], max_examples=5, seed=0, database=None)
+    report = verify(rules, names=["a"], max_examples=15, seed=0, database=None)
     assert [v.rule for v in report.verdicts] == ["a"] and report.ok
     with pytest.raises(KeyError):
         verify(rules, names=["nope"], max_examples=5, seed=0, database=None)
@@ -243,11 +246,12 @@ def _cli(*args, cwd=ROOT):
 
 def test_cli_exit_codes_and_formats(tmp_path):
     good = tmp_path / "good.fxr"
-    good.write_text("rule neg_neg [exact]:\n    call_function torch.neg(call_function torch.neg($x)) -> $x\n"
+    good.write_text("rule neg_neg [exact]:\n    call_function torch.neg(call_function torch.neg($x)) "
+                    "where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x\n"
                     "    example: call_function torch.neg(call_function torch.neg($x)) given $x: [2, 3]\n")
     bad = tmp_path / "bad.fxr"
     bad.write_text("[exact] call_function operator.mul($x, 2) -> $x\n")
-    ok = _cli(str(good), "--max-examples", "5", "--seed", "1", "--no-database", cwd=tmp_path)
+    ok = _cli(str(good), "--max-examples", "15", "--seed", "1", "--no-database", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert "neg_neg [exact]: validated" in ok.stdout
     wrong = _cli(str(bad), "--max-examples", "5", "--seed", "1", "--no-database", "--format", "json", cwd=tmp_path)
@@ -265,21 +269,22 @@ def test_cli_exit_codes_and_formats(tmp_path):
 
 
 def test_fxrules_verify_is_the_function():
-    report = fxrules.verify(fxrules.parse_rules("[exact] call_function torch.neg(call_function torch.neg($x)) -> $x"),
-                            max_examples=3, seed=0, database=None)
+    report = fxrules.verify(fxrules.parse_rules("[exact] call_function torch.neg(call_function torch.neg($x)) "
+                                                "where not is_constant($x) -> $x"),
+                            max_examples=15, seed=0, database=None)
     assert isinstance(report, fxrules.VerifyReport) and report.ok
 
 
 def test_the_pytest_helper_gives_one_test_per_rule(tmp_path):
     (tmp_path / "rules.fxr").write_text(
-        "rule neg_neg [exact]:\n    call_function torch.neg(call_function torch.neg($x)) -> $x\n"
+        "rule neg_neg [exact]:\n    call_function torch.neg(call_function torch.neg($x)) where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x\n"
         "rule times_two [exact]:\n    call_function operator.mul($x, 2) -> $x\n")
     (tmp_path / "test_rules.py").write_text(
         "import pytest\n"
         "from fxrules.testing import assert_rule_verified, rule_cases\n\n"
         "@pytest.mark.parametrize('case', rule_cases('rules.fxr'))\n"
         "def test_rule(case):\n"
-        "    assert_rule_verified(case, max_examples=5, seed=0, database=None)\n")
+        "    assert_rule_verified(case, max_examples=15, seed=0, database=None)\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_rules.py"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -296,7 +301,8 @@ def test_a_counterexample_replays_from_its_reproduce_line():
     assert again.grade == "wrong"
     assert again.counterexample.problem == verdict.counterexample.problem
     assert again.counterexample.code == verdict.counterexample.code
-    (other,) = _verify("[exact] call_function torch.neg(call_function torch.neg($x)) -> $x", reproduce=line).verdicts
+    (other,) = _verify("[exact] call_function torch.neg(call_function torch.neg($x)) where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x",
+                       reproduce=line).verdicts
     assert other.grade == "unverified" and "did not reproduce" in other.hosts_note
     assert other.hosts_gap == "did-not-reproduce"
     with pytest.raises(ValueError, match="not a reproduce line"):

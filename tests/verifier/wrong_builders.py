@@ -1,0 +1,24 @@
+"""Deliberately WRONG module builders the soundness-draw tests name from rule text (allow_imports=["tests"])."""
+
+import copy
+
+import torch
+from torch import nn
+
+
+def as_plain_conv2d(conv: nn.Module) -> nn.Module:
+    """The conv as a plain ``nn.Conv2d`` (same state, hooks and all), wrapped in a Sequential so the rule does
+    not match its own result: wrong for a subclass that overrides a method its forward calls."""
+    plain = copy.deepcopy(conv)
+    plain.__class__ = nn.Conv2d
+    return nn.Sequential(plain)
+
+
+def double_weights_in_place(linear: nn.Module) -> nn.Module:
+    """``2 * linear(x)`` by doubling the Linear's own weight and bias in place and returning it: right for this
+    use, wrong for every other use of the same module or of a parameter tied to it."""
+    with torch.no_grad():
+        linear.weight.mul_(2)
+        if linear.bias is not None:
+            linear.bias.mul_(2)
+    return linear
