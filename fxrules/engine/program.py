@@ -348,9 +348,10 @@ class RuleCompiler:
     # -- the rule ------------------------------------------------------------------
     def program(self) -> Program:
         ast = self.rule.ast
-        self.bound_names = _bound_names(ast.patterns)
+        patterns = self.rule.pattern_roots
+        self.bound_names = _bound_names(patterns)
         self.position = Position.PATTERN
-        roots = tuple(self.pattern(p) for p in ast.patterns)
+        roots = tuple(self.pattern(p) for p in patterns)
         self.position = Position.REPLACEMENT
         replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),

@@ -193,7 +193,19 @@ class Bind:
     span: Span = _span()
 
 
-Expr = Union[Capture, Wildcard, Literal, Name, ListExpr, TupleExpr, Ellipsis_, Call, GetAttr, Alt, Bind]
+@dataclass(frozen=True, slots=True)
+class PatternUse:
+    """``matmul($a, $b)``: a use of the named pattern ``matmul`` (a :class:`PatternDef`), its
+    parameters given by the arguments, which are patterns. Patterns only; the checker expands it."""
+
+    name: str
+    args: tuple["Expr", ...]
+    kwargs: tuple[Keyword, ...] = ()  # always refused by the checker (parameters are positional)
+    span: Span = _span()
+    name_span: Span = _span()
+
+
+Expr = Union[Capture, Wildcard, Literal, Name, ListExpr, TupleExpr, Ellipsis_, Call, GetAttr, Alt, Bind, PatternUse]
 
 
 # ---------------------------------------------------------------------------
@@ -371,7 +383,30 @@ class DefaultContract:
     span: Span = _span()
 
 
-Item = Union[Use, DefaultContract, Rule, Example]  # an Example item: one with no rule above it (an error)
+@dataclass(frozen=True, slots=True)
+class UseFile:
+    """``use "attention.fxr"``: the named patterns of another rule file, for the patterns below.
+
+    ``path`` as written: relative, under the directory of the file that uses it."""
+
+    path: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class PatternDef:
+    """``pattern matmul($a, $b) = BODY``: a named pattern with parameters, usable in the patterns
+    after it (and in files that ``use`` this one) as ``matmul(PATTERN, PATTERN)``."""
+
+    name: str
+    params: tuple[str, ...]  # capture names, without the ``$``
+    body: Expr
+    span: Span = _span()
+    name_span: Span = _span()
+    param_spans: tuple[Span, ...] = field(default=(), compare=False, repr=False)
+
+
+Item = Union[Use, UseFile, PatternDef, DefaultContract, Rule, Example]  # an Example item: one with no rule above it (an error)
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,10 @@ CODES: dict[str, str] = {
     "bad-pattern": "a construct that cannot be matched (e.g. a builder in a pattern, a literal root)",
     "bad-replacement": "a construct that cannot be built (e.g. `_` or alternation in a replacement)",
     "alternation-binding": "the options of an alternation bind different captures or names",
+    # named patterns
+    "unknown-pattern": "a pattern uses `NAME(...)`, but no named pattern NAME is defined above it or used",
+    "duplicate-pattern": "two named patterns a file sees have the same name",
+    "bad-use": "a `use \"file.fxr\"` line whose file cannot be read, escapes the directory, or has errors",
     # examples
     "misplaced-example": "an `example` line that does not follow a rule",
     "bad-example": "an example model that cannot be built (undeclared input, wildcard, unknown dtype...)",

@@ -87,6 +87,9 @@ class _ReplacementWalk:
         elif isinstance(expr, A.Bind):
             self.reporter.error(expr.span, "bad-replacement", "`as` can only name nodes of the pattern")
             self.replacement(expr.expr, root=root)
+        elif isinstance(expr, A.PatternUse):
+            self.reporter.error(expr.span, "bad-replacement", f"`{expr.name}(...)` uses a named pattern, which "
+                                                              "can only be matched, not built")
 
     def call(self, call: A.Call, *, root: bool) -> None:
         if call.args is None and not root:
