@@ -239,6 +239,8 @@ class _Matcher:
                 continue
             # The first signature the call binds to decides. A failure needs no undoing here:
             # it fails the whole match, or an enclosing alternative restores its own snapshot.
+            if pattern.commutes is not None:
+                return self.commuting_arguments(pattern, node, sig, expected, actual)
             return self.bound_arguments(pattern, node, sig, expected, actual)
         return self.positional_arguments(pattern, node)  # the call does not fit the signature: compare as written
 
@@ -265,6 +267,18 @@ class _Matcher:
             self.env.rest = _rest(pattern, node, expected)
         return True
 
+    def commuting_arguments(self, pattern: PCall, node: fx.Node, sig, expected: dict, actual: dict) -> bool:
+        """A commutative call (fxrules.lang.commutative): the written order, else the two operands
+        exchanged (at most two tries; the first that matches wins, as for an alternation)."""
+        state = self.env.snapshot()
+        if self.bound_arguments(pattern, node, sig, expected, actual):
+            return True
+        swapped = _swapped(pattern.commutes, sig, actual)
+        if swapped is None:
+            return False
+        self.env.restore(state)
+        return self.bound_arguments(pattern, node, sig, expected, swapped)
+
     def positional_arguments(self, pattern: PCall, node: fx.Node) -> bool:
         args, kwargs = node.args, node.kwargs
         count = len(pattern.args)
@@ -287,6 +301,35 @@ class _Matcher:
         if pattern.rest:
             self.env.rest = (tuple(args[count:]), {k: v for k, v in kwargs.items() if k not in named})
         return True
+
+
+def _swapped(commutes, sig, actual: dict) -> Optional[dict]:
+    """``actual`` with the two operands exchanged, or None where the call does not commute: an
+    operand missing, a parameter of ``at_default`` given otherwise, or (``numeric``) neither operand
+    known to be a tensor or a number."""
+    first, second = actual.get(commutes.first, _MISSING), actual.get(commutes.second, _MISSING)
+    if first is _MISSING or second is _MISSING:
+        return None
+    for name in commutes.at_default:
+        if name in actual and not _same_value(actual[name], signatures.default(sig, name)):
+            return None
+    if commutes.numeric and not (_numeric(first) or _numeric(second)):
+        return None
+    swapped = dict(actual)
+    swapped[commutes.first], swapped[commutes.second] = second, first
+    return swapped
+
+
+def _numeric(value: Any) -> bool:
+    """A tensor or a number: a literal number, or a node whose metadata says so."""
+    import torch
+
+    if isinstance(value, fx.Node):
+        value = value.meta.get("val", value.meta.get("tensor_meta"))
+        if value is not None and not isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
+                                                        int, float, bool, complex)):
+            return hasattr(value, "shape") and hasattr(value, "dtype")  # a TensorMetadata
+    return isinstance(value, (torch.Tensor, int, float, bool, complex, torch.SymInt, torch.SymFloat))
 
 
 def _rest(pattern: PCall, node: fx.Node, expected: dict) -> tuple:

@@ -20,6 +20,7 @@ import fxrules.lang.ast as A
 import fxrules.engine.signatures as signatures
 from fxrules.lang import allowlist
 from fxrules.lang.allowlist import Position
+from fxrules.lang.commutative import MAX_COMMUTING_DEPTH, Commutation, commutation
 from fxrules.lang.diagnostics import Diagnostic, RuleFileError
 from fxrules.lang.names import builtin_path, expand
 from fxrules.lang.ruleset import CheckedRule, RuleSet
@@ -96,6 +97,7 @@ class PCall:
     overloads: tuple  # ((inspect.Signature, {param: P}), ...); empty: compare as written
     attrs: tuple  # ((name, P), ...) module attribute constraints
     span: A.Span
+    commutes: Optional[Commutation] = None  # its two operands may match in either order (lang.commutative)
 
 
 Pattern = Union[PCapture, PWildcard, PLiteral, PConst, PRef, PSeq, PAlt, PBind, PGetAttr, PCall]
@@ -208,6 +210,7 @@ class RuleCompiler:
         self.aliases = rule.aliases
         self.sources = rule_set.sources
         self.position = Position.PATTERN
+        self.commuting_depth = 0  # commutative call patterns around the one being compiled
 
     def fail(self, span: A.Span, code: str, message: str) -> RuleFileError:
         return RuleFileError([Diagnostic.at(span, code, message)], dict(self.sources))
@@ -290,16 +293,32 @@ class RuleCompiler:
         if call.args is None:
             return PCall(call.op, targets, call.target.text, None, (), True, (), attrs, call.span)
         rest = call.has_ellipsis
-        positional = tuple(self.pattern(a) for a in call.args if not isinstance(a, A.Ellipsis_))
-        keywords = tuple((k.name, self.pattern(k.value)) for k in call.kwargs)
+        commutes = self.commutation(call)
+        self.commuting_depth += commutes is not None
+        try:
+            positional = tuple(self.pattern(a) for a in call.args if not isinstance(a, A.Ellipsis_))
+            keywords = tuple((k.name, self.pattern(k.value)) for k in call.kwargs)
+        finally:
+            self.commuting_depth -= commutes is not None
         overloads = []
         for sig in sigs:  # for call_method, the first argument is `self`, as in torch.NAME(input, ...)
             bound = signatures.bind(sig, positional, dict(keywords), partial=rest)
             if bound is not None:
                 overloads.append((sig, {name: _seq(value) for name, value in bound.items()}))
+        if commutes is not None and not any(commutes.first in bound and commutes.second in bound
+                                            for _, bound in overloads):
+            commutes = None  # the pattern must give both operands to exchange them (others: by name, when bound)
         # No signature fits (e.g. `x.reshape(2, -1)`: the method takes *shape, torch.reshape a
         # tuple): compare the arguments as written. The checker accepted the rule, so it must apply.
-        return PCall(call.op, targets, call.target.text, positional, keywords, rest, tuple(overloads), attrs, call.span)
+        return PCall(call.op, targets, call.target.text, positional, keywords, rest, tuple(overloads), attrs, call.span,
+                     commutes if overloads else None)
+
+    def commutation(self, call: A.Call) -> Optional[Commutation]:
+        """How a call pattern commutes (:mod:`fxrules.lang.commutative`), within the nesting bound."""
+        if self.commuting_depth >= MAX_COMMUTING_DEPTH or call.op == "call_module":
+            return None
+        path = call.target.parts[0] if call.op == "call_method" else self.function_path(call.target)
+        return commutation(call.op, path)
 
     # -- replacements ----------------------------------------------------------------
     def replacement(self, expr: A.Expr, root_index: int) -> Replacement:
