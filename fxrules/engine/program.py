@@ -121,6 +121,18 @@ class RLiteral:
 
 
 @dataclass(frozen=True, slots=True)
+class RComputed:
+    """``{cond}``: a value computed from the match when the rewrite is made, by the conditions'
+    evaluator (:mod:`fxrules.engine.conditions`, with its allow-list and budget); it must come out
+    a constant a graph can hold (:func:`fxrules.engine.conditions.constant_value`)."""
+
+    cond: Any  # A.Cond
+    aliases: Any  # the rule's alias table
+    resolver: Any  # the rule set's Resolver (its import policy)
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class RSeq:
     items: tuple
     kind: type  # list or tuple
@@ -158,7 +170,7 @@ class RCall:
     span: A.Span
 
 
-Replacement = Union[RValue, RLiteral, RSeq, RCall]
+Replacement = Union[RValue, RLiteral, RSeq, RCall, RComputed]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +188,12 @@ class Program:
     requires_keys: tuple = ()  # per `requires` pattern: frozenset of the (op, target) it matches, or None
     reads: tuple = ()  # what the replacements read from a match (see _reads), computed once
     prefilter: Optional[frozenset] = None  # the one requires_keys set, when that is the whole pre-check
+    computed: tuple = ()  # the replacements' RComputed values, evaluated before the graph is touched
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "computed", _computed(self.replacements))
+        if any(_reads_metadata(c.cond) for c in self.computed):
+            object.__setattr__(self, "needs_metadata", True)
         keys = tuple(_match_keys(p) for p in self.requires)
         object.__setattr__(self, "requires_keys", keys)
         object.__setattr__(self, "reads", _reads(self.replacements))
@@ -338,6 +354,8 @@ class RuleCompiler:
             return RValue(expr.target.name, True)
         if isinstance(expr, A.Call):
             return self.call_replacement(expr, root_index)
+        if isinstance(expr, A.Computed):
+            return RComputed(expr.cond, self.aliases, self.resolver, expr.span)
         raise self.fail(expr.span, "bad-replacement", "this cannot be built")  # pragma: no cover - checker rejects
 
     def call_replacement(self, call: A.Call, root_index: int) -> RCall:
@@ -410,6 +428,42 @@ def _reads(replacements: tuple) -> tuple:
             elif isinstance(target, RNewModule):
                 stack.extend(v for _, v in target.attrs)
     return tuple(found)
+
+
+def _computed(replacements: tuple) -> tuple:
+    """The computed values (``{...}``) of the replacements, module constructor arguments included."""
+    found = []
+    stack = list(replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RComputed):
+            found.append(item)
+        elif isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            stack.extend(item.args or ())
+            stack.extend(v for _, v in item.kwargs)
+            if isinstance(item.target, RNewModule):
+                stack.extend(v for _, v in item.target.attrs)
+    return tuple(found)
+
+
+def graph_constant(value: Any, span: A.Span) -> Any:
+    """A computed value as a graph may hold it: None, a bool, int, float or str, a dtype, device,
+    layout or memory format, or a list or tuple of them (a shape becomes a tuple). Anything else (a
+    tensor, a module, a symbolic size) raises TypeError: the rule is wrong, not the model."""
+    import torch
+
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return value
+    if isinstance(value, torch.Size):
+        value = tuple(value)
+    if type(value) in (list, tuple):
+        return type(value)(graph_constant(item, span) for item in value)
+    raise TypeError(f"the computed value at {span} is {type(value).__name__}, not a constant a graph can hold "
+                    f"(a number, string, bool, None, dtype, device, or a list or tuple of them)")
 
 
 def _module_calls(replacements: tuple) -> tuple:

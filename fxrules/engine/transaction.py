@@ -28,7 +28,7 @@ from fxrules.engine import fxaccess
 from fxrules.engine.errors import ModelError
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
-from fxrules.engine.program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
+from fxrules.engine.program import RBuilder, RCall, RComputed, RLiteral, RNewModule, RReuse, RSeq, RValue, graph_constant
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
 
@@ -311,6 +311,17 @@ class _ReplacementWriter:
         self.premade: dict = {}  # id(RCall) -> (module, reference module, base name)
         self.origin: Optional[tuple] = None  # (rule name, rule file:line) for the new nodes' meta
         self.kept: list[fx.Node] = []  # matched nodes the replacement uses as they are (matched_equal)
+        self.computed: dict = {}  # id(RComputed) -> its value (compute_values)
+
+    def compute_values(self) -> None:
+        """Evaluate the replacement's computed values (``{...}``), before modules are made and the graph
+        is touched, with the evaluator of ``where`` clauses (its allow-list and budget)."""
+        from fxrules.engine.conditions import Evaluator
+
+        for item in self.match.program.computed:
+            evaluator = Evaluator(self.env.captures, self.env.names, self.work.module_of, self.work.attr_of,
+                                  item.aliases, item.resolver)
+            self.computed[id(item)] = graph_constant(evaluator.value(item.cond), item.span)
 
     def make_modules(self) -> Optional[str]:
         """Construct every module the replacement needs, before the graph is touched.
@@ -376,6 +387,8 @@ class _ReplacementWriter:
             return item.value
         if kind is RSeq:
             return item.kind([self.value(i) for i in item.items])
+        if kind is RComputed:
+            return self.computed[id(item)]
         raise AssertionError(item)  # pragma: no cover
 
     def call(self, item: RCall) -> fx.Node:
@@ -476,6 +489,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     """Rewrite one match. Returns the report entry and the nodes to revisit, or, when a builder
     declined (before the graph is touched), a ``builder-declined`` Refusal naming the roots."""
     writer = _ReplacementWriter(work, match)
+    writer.compute_values()
     declined = writer.make_modules()
     if declined is not None:
         return Refusal(RefusalCode.BUILDER_DECLINED, declined, tuple(n.name for n in match.roots))

@@ -205,7 +205,17 @@ class PatternUse:
     name_span: Span = _span()
 
 
-Expr = Union[Capture, Wildcard, Literal, Name, ListExpr, TupleExpr, Ellipsis_, Call, GetAttr, Alt, Bind, PatternUse]
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """``{max($lo, 0)}``: a value a replacement computes from the match, in the condition language
+    (the same allow-list and evaluator as ``where``), when the rewrite is made. Replacements only."""
+
+    cond: "Cond"
+    span: Span = _span()
+
+
+Expr = Union[Capture, Wildcard, Literal, Name, ListExpr, TupleExpr, Ellipsis_, Call, GetAttr, Alt, Bind, PatternUse,
+             Computed]
 
 
 # ---------------------------------------------------------------------------

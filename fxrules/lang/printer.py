@@ -317,6 +317,8 @@ def _expand_expr(node: object, context: int) -> list:
             return [node.text]
         case A.Call():
             return _expand_call(node)
+        case A.Computed(cond=cond):
+            return ["{" + print_cond(cond) + "}"]
         case A.PatternUse(name=name, args=args, kwargs=kwargs):
             return [name + "(", *_joined((*args, *kwargs), _ANY), ")"]
     raise TypeError(f"not a pattern expression: {node!r}")

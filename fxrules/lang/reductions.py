@@ -301,6 +301,9 @@ class Reductions:
         return A.PatternUse(ch[0].group(), arguments.args, arguments.kwargs,
                             self._tokens_span(ch[0], arguments.end), self._token_span(ch[0]))
 
+    def r_computed(self, ch: list) -> A.Computed:  # LBRACE cond RBRACE
+        return A.Computed(ch[1], self._tokens_span(ch[0], ch[2]))
+
     def r_group(self, ch: list) -> A.Expr:  # LPAR expr RPAR
         inner = ch[1]
         self.parenthesized[id(inner)] = (inner, self._span(ch[0], ch[2]))

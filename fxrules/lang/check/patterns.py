@@ -98,6 +98,9 @@ class _PatternWalk:
             self.alternation(expr, scope, root=root, enclosing=enclosing)
         elif isinstance(expr, A.PatternUse):
             self.pattern_use(expr, scope, enclosing)
+        elif isinstance(expr, A.Computed):
+            self.reporter.error(expr.span, "bad-pattern", "a computed value `{...}` can only appear in a replacement",
+                                notes=["to test a value, capture it (`$x`) and write `where` with the condition"])
         elif isinstance(expr, A.Bind):
             if expr.name in scope.names:
                 self.reporter.error(expr.span, "duplicate-binding", f"`{expr.name}` is already bound in this pattern",

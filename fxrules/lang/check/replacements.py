@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import fxrules.lang.ast as A
+from fxrules.lang.check.conditions import check_conditions
 from fxrules.lang.check.calls import attribute_values, check_argument_list, check_duplicate_keywords
 from fxrules.lang.check.reporter import Reporter
 from fxrules.lang.check.scope import Bindings, report_unbound_capture, report_unbound_name, unwrap
@@ -87,6 +88,11 @@ class _ReplacementWalk:
         elif isinstance(expr, A.Bind):
             self.reporter.error(expr.span, "bad-replacement", "`as` can only name nodes of the pattern")
             self.replacement(expr.expr, root=root)
+        elif isinstance(expr, A.Computed):
+            if root:
+                self.reporter.error(expr.span, "bad-replacement", "a node cannot be replaced by a computed value",
+                                    notes=["a computed value is an argument or a constructor argument"])
+            check_conditions(self.reporter, self.targets, self.bindings, (expr.cond,))
         elif isinstance(expr, A.PatternUse):
             self.reporter.error(expr.span, "bad-replacement", f"`{expr.name}(...)` uses a named pattern, which "
                                                               "can only be matched, not built")
