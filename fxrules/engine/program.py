@@ -189,9 +189,11 @@ class Program:
     reads: tuple = ()  # what the replacements read from a match (see _reads), computed once
     prefilter: Optional[frozenset] = None  # the one requires_keys set, when that is the whole pre-check
     computed: tuple = ()  # the replacements' RComputed values, evaluated before the graph is touched
+    method_objects: tuple = ()  # (RCall, capture name or None: forwarded): call_method replacements' objects
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "computed", _computed(self.replacements))
+        object.__setattr__(self, "method_objects", _method_objects(self.replacements))
         if any(_reads_metadata(c.cond) for c in self.computed):
             object.__setattr__(self, "needs_metadata", True)
         keys = tuple(_match_keys(p) for p in self.requires)
@@ -445,6 +447,25 @@ def _computed(replacements: tuple) -> tuple:
             stack.extend(v for _, v in item.kwargs)
             if isinstance(item.target, RNewModule):
                 stack.extend(v for _, v in item.target.attrs)
+    return tuple(found)
+
+
+def _method_objects(replacements: tuple) -> tuple:
+    """``(call, capture)`` for each replacement ``call_method NAME($capture, ...)``: a capture may bind a
+    literal, on which no method can be called (the code would not compile): checked before a rewrite."""
+    found = []
+    stack = list(replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            if item.op == "call_method" and item.args is None:
+                found.append((item, None))  # forwards its root's arguments: the first is the object
+            elif item.op == "call_method" and item.args and isinstance(item.args[0], RValue) and item.args[0].is_capture:
+                found.append((item, item.args[0].name))
+            stack.extend(item.args or ())
+            stack.extend(v for _, v in item.kwargs)
     return tuple(found)
 
 

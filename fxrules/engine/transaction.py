@@ -318,6 +318,17 @@ class _ReplacementWriter:
         is touched, with the evaluator of ``where`` clauses (its allow-list and budget)."""
         from fxrules.engine.conditions import Evaluator
 
+        for item, name in self.match.program.method_objects:
+            if name is None:  # forwarded arguments
+                args = self.match.roots[item.root_index].args
+                value, name = (args[0] if args else None), "the first argument of the matched node"
+            else:
+                value = self.env.captures.get(name)
+                name = "$" + name
+            if not isinstance(value, fx.Node):
+                raise TypeError(f"the replacement calls the method `{item.target}` on {name}, which this match "
+                                f"binds to {value!r}, not a graph value (the rule is wrong: write `call_function "
+                                f"torch.{item.target}(...)`, or a condition that it is a tensor)")
         for item in self.match.program.computed:
             evaluator = Evaluator(self.env.captures, self.env.names, self.work.module_of, self.work.attr_of,
                                   item.aliases, item.resolver)

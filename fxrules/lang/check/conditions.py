@@ -79,6 +79,15 @@ class _ConditionWalk:
             else:
                 self.unknown_name(A.CName(chain[0], cond.span))
             return
+        if isinstance(cond.value, A.CName) and cond.attr not in CAPTURE_ATTRIBUTES \
+                and not _names_module(self.bindings.names[cond.value.name]):
+            self.reporter.error(cond.span, "unknown-attribute",
+                                f"`{cond.value.name}` names a node that is not a call_module, so it has no "
+                                f"attribute `{cond.attr}`",
+                                notes=[f"a node exposes its tensor metadata: {', '.join(sorted(CAPTURE_ATTRIBUTES))}; "
+                                       f"a call_module node its module's attributes; users(), user_targets() and "
+                                       f"used_only_by() describe its users"])
+            return
         if isinstance(cond.value, A.CCapture) and cond.attr not in CAPTURE_ATTRIBUTES:
             self.reporter.error(cond.span, "unknown-attribute", f"a capture has no attribute `{cond.attr}`",
                                 notes=[f"captures expose: {', '.join(sorted(CAPTURE_ATTRIBUTES))}"])
@@ -185,3 +194,16 @@ def _rooted_at_name(cond: A.Cond) -> bool:
     while isinstance(cond, (A.CAttr, A.CIndex)):
         cond = cond.value
     return isinstance(cond, A.CName)
+
+
+def _names_module(expr: A.Expr) -> bool:
+    """Whether a name bound with ``as`` to ``expr`` may have attributes beyond tensor metadata: a
+    matched module (a call_module, or an alternation with one among its options), or a parameter
+    (a ``get_attr``, whose value is the tensor itself)."""
+    while isinstance(expr, A.Bind):
+        expr = expr.expr
+    if isinstance(expr, A.Call):
+        return expr.op == "call_module"
+    if isinstance(expr, A.Alt):
+        return any(_names_module(option) for option in expr.options)
+    return isinstance(expr, (A.GetAttr, A.PatternUse))  # not known here (an unknown named pattern was reported)

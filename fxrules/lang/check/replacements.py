@@ -108,6 +108,7 @@ class _ReplacementWalk:
             self.targets.literal_call(call, Position.REPLACEMENT)
         elif call.op == "call_method":
             self.targets.method_target(call.target, Position.REPLACEMENT)  # the allow-list refuses dunder methods
+            self.method_object(call)
         elif call.builder_args is not None:
             self.builder_call(call)
         elif len(call.target.parts) == 1 and call.target.parts[0] in self.bindings.names:
@@ -121,6 +122,19 @@ class _ReplacementWalk:
                     self.replacement(arg, root=False)
             for keyword in call.kwargs:
                 self.replacement(keyword.value, root=False)
+
+    def method_object(self, call: A.Call) -> None:
+        """A method is called on a graph value: not on a literal, a constant, a list or a computed value,
+        whose generated code (``2.neg()``) would not compile (issue 19). A capture is checked when the
+        rule is applied (it may bind a literal)."""
+        if not call.args or isinstance(call.args[0], (A.Capture, A.Call, A.GetAttr, A.Ellipsis_)):
+            return
+        if isinstance(call.args[0], A.Name) and len(call.args[0].dotted.parts) == 1:
+            return  # a node named with `as`
+        self.reporter.error(call.args[0].span, "bad-replacement",
+                            f"`call_method {call.target.text}` is called on this value, which is not a graph value",
+                            notes=[f"a method needs a tensor the graph computes; write `call_function "
+                                   f"torch.{call.target.text}(...)` instead"])
 
     def function_call(self, target: A.Dotted) -> None:
         """A call_function target that resolves and is on the allow-list for replacements (which
