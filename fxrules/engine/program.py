@@ -121,6 +121,21 @@ class RLiteral:
 
 
 @dataclass(frozen=True, slots=True)
+class RShared:
+    """``CALL as name`` in a replacement: the node ``inner`` builds, kept as ``name`` for :class:`RRef`."""
+
+    inner: Any
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RRef:
+    """A later use of a node the replacement built and named (:class:`RShared`): the same node, built once."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class RComputed:
     """``{cond}``: a value computed from the match when the rewrite is made, by the conditions'
     evaluator (:mod:`fxrules.engine.conditions`, with its allow-list and budget); it must come out
@@ -170,7 +185,7 @@ class RCall:
     span: A.Span
 
 
-Replacement = Union[RValue, RLiteral, RSeq, RCall, RComputed]
+Replacement = Union[RValue, RLiteral, RSeq, RCall, RComputed, RShared, RRef]
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,9 +360,13 @@ class RuleCompiler:
         if isinstance(expr, A.Literal):
             return RLiteral(expr.value)
         if isinstance(expr, A.Name):
+            if len(expr.dotted.parts) == 1 and expr.dotted.parts[0] in self.shared_names:
+                return RRef(expr.dotted.parts[0])
             if len(expr.dotted.parts) == 1:
                 return RValue(expr.dotted.parts[0], False)
             return RLiteral(self.constant(expr.dotted, expr.span))
+        if isinstance(expr, A.Bind) and isinstance(expr.expr, A.Call):
+            return RShared(self.call_replacement(expr.expr, root_index), expr.name)
         if isinstance(expr, A.ListExpr):
             return RSeq(tuple(self.replacement(i, root_index) for i in expr.items), list)
         if isinstance(expr, A.TupleExpr):
@@ -392,6 +411,7 @@ class RuleCompiler:
         self.position = Position.PATTERN
         roots = tuple(self.pattern(p) for p in patterns)
         self.position = Position.REPLACEMENT
+        self.shared_names = _bound_names(ast.replacements)  # nodes a replacement builds once and names
         replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
                        any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]),
@@ -410,7 +430,9 @@ def _reads(replacements: tuple) -> tuple:
     stack = list(replacements)
     while stack:
         item = stack.pop()
-        if isinstance(item, RValue):
+        if isinstance(item, RShared):
+            stack.append(item.inner)
+        elif isinstance(item, RValue):
             found[(READ_CAPTURE if item.is_capture else READ_NAME, item.name)] = None
         elif isinstance(item, RSeq):
             stack.extend(item.items)
@@ -440,6 +462,8 @@ def _computed(replacements: tuple) -> tuple:
         item = stack.pop()
         if isinstance(item, RComputed):
             found.append(item)
+        elif isinstance(item, RShared):
+            stack.append(item.inner)
         elif isinstance(item, RSeq):
             stack.extend(item.items)
         elif isinstance(item, RCall):
@@ -457,7 +481,9 @@ def _method_objects(replacements: tuple) -> tuple:
     stack = list(replacements)
     while stack:
         item = stack.pop()
-        if isinstance(item, RSeq):
+        if isinstance(item, RShared):
+            stack.append(item.inner)
+        elif isinstance(item, RSeq):
             stack.extend(item.items)
         elif isinstance(item, RCall):
             if item.op == "call_method" and item.args is None:
@@ -494,7 +520,9 @@ def _module_calls(replacements: tuple) -> tuple:
     stack = list(replacements)
     while stack:
         item = stack.pop()
-        if isinstance(item, RSeq):
+        if isinstance(item, RShared):
+            stack.append(item.inner)
+        elif isinstance(item, RSeq):
             stack.extend(item.items)
         elif isinstance(item, RCall):
             stack.extend(item.args or ())

@@ -28,7 +28,8 @@ from fxrules.engine import fxaccess
 from fxrules.engine.errors import ModelError
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
-from fxrules.engine.program import RBuilder, RCall, RComputed, RLiteral, RNewModule, RReuse, RSeq, RValue, graph_constant
+from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RValue,
+                                   graph_constant)
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
 
@@ -312,6 +313,7 @@ class _ReplacementWriter:
         self.origin: Optional[tuple] = None  # (rule name, rule file:line) for the new nodes' meta
         self.kept: list[fx.Node] = []  # matched nodes the replacement uses as they are (matched_equal)
         self.computed: dict = {}  # id(RComputed) -> its value (compute_values)
+        self.shared: dict = {}  # name -> the node a replacement's `CALL as name` built
 
     def compute_values(self) -> None:
         """Evaluate the replacement's computed values (``{...}``), before modules are made and the graph
@@ -400,6 +402,11 @@ class _ReplacementWriter:
             return item.kind([self.value(i) for i in item.items])
         if kind is RComputed:
             return self.computed[id(item)]
+        if kind is RShared:  # built once; its later uses (RRef) are this node
+            node = self.shared[item.name] = self.value(item.inner)
+            return node
+        if kind is RRef:
+            return self.shared[item.name]
         raise AssertionError(item)  # pragma: no cover
 
     def call(self, item: RCall) -> fx.Node:

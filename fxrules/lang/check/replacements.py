@@ -9,7 +9,7 @@ the pattern.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fxrules.lang.ast as A
 from fxrules.lang.check.conditions import check_conditions
@@ -37,6 +37,11 @@ def check_replacements(reporter: Reporter, targets: Targets, bindings: Bindings,
     walk = _ReplacementWalk(reporter, targets, bindings)
     for root in roots:
         walk.replacement(root, root=True)
+    for name, (span, used) in walk.shared.items():
+        if not used:
+            reporter.error(span, "bad-replacement", f"the replacement names a node `{name}` with `as` but never uses it",
+                           notes=["`as` in a replacement names a node built once and used by several of its parts: "
+                                  f"write `{name}` where it is used again"])
 
 
 @dataclass(slots=True)  # a worker, made for each rule: a frozen dataclass costs three times as much to make
@@ -44,6 +49,7 @@ class _ReplacementWalk:
     reporter: Reporter
     targets: Targets
     bindings: Bindings
+    shared: dict = field(default_factory=dict)  # name bound with `as` in the replacement -> [span, used]
 
     def replacement(self, expr: A.Expr, *, root: bool) -> None:
         if isinstance(expr, A.Call):  # the most common first (the kinds are disjoint: the order is only speed)
@@ -60,7 +66,9 @@ class _ReplacementWalk:
                                     notes=["a replacement root is an operation or a value the pattern binds"])
         elif isinstance(expr, A.Name):
             if len(expr.dotted.parts) == 1:
-                if expr.dotted.parts[0] not in self.bindings.names:
+                if expr.dotted.parts[0] in self.shared:
+                    self.shared[expr.dotted.parts[0]][1] = True
+                elif expr.dotted.parts[0] not in self.bindings.names:
                     report_unbound_name(self.reporter, expr.dotted.parts[0], expr.span, self.bindings)
             elif root:
                 self.reporter.error(expr.span, "bad-replacement", "a node cannot be replaced by a constant")
@@ -86,8 +94,7 @@ class _ReplacementWalk:
         elif isinstance(expr, A.Alt):
             self.reporter.error(expr.span, "bad-replacement", "an alternation `|` can only appear in a pattern")
         elif isinstance(expr, A.Bind):
-            self.reporter.error(expr.span, "bad-replacement", "`as` can only name nodes of the pattern")
-            self.replacement(expr.expr, root=root)
+            self.shared_node(expr, root=root)
         elif isinstance(expr, A.Computed):
             if root:
                 self.reporter.error(expr.span, "bad-replacement", "a node cannot be replaced by a computed value",
@@ -122,6 +129,21 @@ class _ReplacementWalk:
                     self.replacement(arg, root=False)
             for keyword in call.kwargs:
                 self.replacement(keyword.value, root=False)
+
+    def shared_node(self, expr: A.Bind, *, root: bool) -> None:
+        """``CALL as name``: a node built once, which the replacement's later parts (its other roots
+        above all) use by ``name``. The name is new, and it names a call with arguments."""
+        self.replacement(expr.expr, root=root)
+        if not isinstance(expr.expr, A.Call) or expr.expr.args is None:
+            self.reporter.error(expr.span, "bad-replacement", "`as` in a replacement names a call it builds, "
+                                                              "as in `call_function torch.split($x, 2) as s`")
+        elif expr.name in self.bindings.names:
+            self.reporter.error(expr.span, "bad-replacement", f"`{expr.name}` already names a node of the pattern")
+        elif expr.name in self.shared:
+            self.reporter.error(expr.span, "duplicate-binding", f"`{expr.name}` is already bound in this replacement",
+                                notes=[f"first bound at {self.shared[expr.name][0]}"])
+        else:
+            self.shared[expr.name] = [expr.span, False]
 
     def method_object(self, call: A.Call) -> None:
         """A method is called on a graph value: not on a literal, a constant, a list or a computed value,
