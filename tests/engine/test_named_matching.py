@@ -56,3 +56,21 @@ def test_a_repeated_parameter_matches_one_node_only():
     x = torch.randn(4)
     for got, want in zip(result.module(x), Squares()(x)):
         torch.testing.assert_close(got, want)
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        scores = torch.softmax(torch.matmul(q, k.transpose(-2, -1)), -1)
+        return (torch.matmul(torch.nn.functional.dropout(scores, 0.1, training=False), v),
+                torch.matmul(torch.softmax(torch.matmul(q, k.transpose(-2, -1)), -1), v))
+
+
+def test_an_optional_part_matches_with_and_without_it():
+    from pathlib import Path
+
+    rules = fxrules.load_rules(Path(__file__).parents[1] / "corpus" / "pass" / "optional_parts.fxr")
+    result = fxrules.apply_rules(fx.symbolic_trace(Attention()), rules)
+    assert len(result.report.applied) == 2
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 4, 8), torch.randn(2, 4, 8)
+    for got, want in zip(result.module(q, k, v), Attention()(q, k, v)):
+        torch.testing.assert_close(got, want)

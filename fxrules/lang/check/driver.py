@@ -17,7 +17,7 @@ from fxrules.lang.check.conditions import check_conditions
 from fxrules.lang.check.examples import check_example
 from fxrules.lang.check.identity import is_identity
 from fxrules.lang.check import named as N
-from fxrules.lang.check.patterns import check_patterns
+from fxrules.lang.check.patterns import check_body_pattern, check_patterns
 from fxrules.lang.check.replacements import check_forwarded_ellipses, check_replacements
 from fxrules.lang.check.reporter import Reporter, did_you_mean
 from fxrules.lang.check.scope import Aliases
@@ -83,14 +83,15 @@ def check_definition(reporter: Reporter, targets: Targets, definition: A.Pattern
                        f"a named pattern `{definition.name}` is already defined",
                        notes=[f"first defined at {earlier.definition.span}"])
     attribute_params, getattr_params = N.check_body(reporter, definition)
-    check_patterns(reporter, targets, (definition.body,), named)
+    check_body_pattern(reporter, targets, definition.body, named)
     if reporter.errors != before or not expansion_fits(reporter, definition.span, (definition.body,), named):
         return named
     body, heads = N.absolute(definition.body, targets.aliases)
     body = N.expand((body,), named, prefix=definition.name + "/")[0]
     return named.with_pattern(N.NamedPattern(definition, body, attribute_params, getattr_params,
                                              N.body_ellipses(body), heads, N.repeated_params(body),
-                                             N.expanded_size((body,), N.NO_PATTERNS), N.occurrences(body)))
+                                             N.expanded_size((body,), N.NO_PATTERNS), N.occurrences(body),
+                                             N.rootable(body)))
 
 
 def expansion_fits(reporter: Reporter, span: A.Span, patterns: tuple, named: N.NamedPatterns) -> bool:

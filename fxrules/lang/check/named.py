@@ -66,6 +66,7 @@ class NamedPattern:
     repeated: frozenset[str] = frozenset()  # parameters written more than once in the body
     size: int = 1  # the body's nodes, expanded
     occurrences: Mapping[str, int] = field(default_factory=dict)  # parameter -> places it stands in the body
+    rootable: bool = True  # its body is an operation in every option (it may be a rule's root)
 
     @property
     def name(self) -> str:
@@ -235,6 +236,15 @@ def body_ellipses(body: A.Expr) -> tuple[A.Span, ...]:
 
 _SHARABLE = (A.Call, A.GetAttr, A.Bind, A.PatternUse)
 """Arguments that match a node: a parameter used again refers back to the node its first use matched."""
+
+
+def rootable(body: A.Expr) -> bool:
+    """Whether every option of an (expanded) body is an operation: a use may then be a pattern root."""
+    while isinstance(body, A.Bind):
+        body = body.expr
+    if isinstance(body, A.Alt):
+        return all(rootable(option) for option in body.options)
+    return isinstance(body, (A.Call, A.GetAttr))
 
 
 def expanded_size(patterns: tuple[A.Expr, ...], scope: NamedPatterns) -> int:

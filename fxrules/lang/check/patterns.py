@@ -28,6 +28,20 @@ def check_patterns(reporter: Reporter, targets: Targets, patterns: tuple[A.Expr,
     scope = _Scope()
     for root in patterns:
         walk.pattern(root, scope, root=True, enclosing=())
+    return _bindings(reporter, scope)
+
+
+def check_body_pattern(reporter: Reporter, targets: Targets, body: A.Expr, named: NamedPatterns) -> Bindings:
+    """Check a named pattern's body, which may stand where any argument may (an alternation with a
+    bare capture is an optional part: ``call_function F.dropout($x, ...) | $x``); its uses at a
+    rule's root are checked to be operations (:attr:`NamedPattern.rootable`)."""
+    walk = _PatternWalk(reporter, targets, named)
+    scope = _Scope()
+    walk.pattern(body, scope, root=False, enclosing=())
+    return _bindings(reporter, scope)
+
+
+def _bindings(reporter: Reporter, scope: "_Scope") -> Bindings:
     bindings = Bindings(scope.captures, scope.names, tuple(scope.ellipses))
     for name, span, enclosing in scope.references:
         if name in enclosing:
@@ -98,6 +112,11 @@ class _PatternWalk:
             self.alternation(expr, scope, root=root, enclosing=enclosing)
         elif isinstance(expr, A.PatternUse):
             self.pattern_use(expr, scope, enclosing)
+            named = self.named.get(expr.name)
+            if root and named is not None and not named.rootable:
+                self.reporter.error(expr.span, "bad-pattern", f"`{expr.name}` may match a value that is not an "
+                                                              "operation, so it cannot be a pattern root",
+                                    notes=[f"its body (at {named.definition.span}) has an option that is not a call"])
         elif isinstance(expr, A.Computed):
             self.reporter.error(expr.span, "bad-pattern", "a computed value `{...}` can only appear in a replacement",
                                 notes=["to test a value, capture it (`$x`) and write `where` with the condition"])
