@@ -29,7 +29,8 @@ from torch import fx
 
 import fxrules.lang.ast as A
 import fxrules.engine.signatures as signatures
-from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, Program, PRef, PSeq, PWildcard)
+from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, Program, PRef, PSeq, PVariadic,
+                                   PWildcard)
 from fxrules.engine.refusals import MissCode
 
 _MISSING = object()
@@ -140,6 +141,8 @@ class _Matcher:
         if kind is PConst:
             return _same_constant(pattern.value, value) or self.fail(_CONSTANT, lambda:
                 f"expected {pattern.label}, found {_show(value)}", pattern.span)
+        if kind is PSeq and pattern.items and type(pattern.items[-1]) is PVariadic:
+            return self.variadic(pattern.items, value, pattern.span)
         if kind is PSeq:
             if not isinstance(value, (list, tuple)) or len(value) != len(pattern.items):
                 return self.fail(_SEQUENCE, lambda:
@@ -167,6 +170,17 @@ class _Matcher:
         if kind is PGetAttr:
             return self.get_attr(pattern, value)
         raise AssertionError(kind)  # pragma: no cover
+
+    def variadic(self, items: tuple, values: Any, span: A.Span) -> bool:
+        """Items ending in ``*$xs``: the fixed ones match one by one, ``$xs`` binds the rest (a list, as
+        conditions write sequences: `$xs == [0, 2, 1]`)."""
+        fixed = len(items) - 1
+        if not isinstance(values, (list, tuple)) or len(values) < fixed:
+            return self.fail(_SEQUENCE, lambda: f"expected at least {fixed} item{'s' * (fixed != 1)}, found "
+                                                f"{_show(values)}", span)
+        if not all(self.match(p, v) for p, v in zip(items[:fixed], values)):
+            return False
+        return self.capture(items[-1].name, list(values[fixed:]), items[-1].span)
 
     def capture(self, name: str, value: Any, span: Optional[A.Span] = None) -> bool:
         bound = self.env.captures.get(name, _MISSING)
@@ -281,6 +295,10 @@ class _Matcher:
 
     def positional_arguments(self, pattern: PCall, node: fx.Node) -> bool:
         args, kwargs = node.args, node.kwargs
+        if pattern.args and type(pattern.args[-1]) is PVariadic:
+            if not self.variadic(pattern.args, args, pattern.span):
+                return False
+            return self.keyword_arguments(pattern, args, kwargs, len(args))
         count = len(pattern.args)
         if len(args) < count or (len(args) > count and not pattern.rest):
             return self.fail(_ARGUMENT_COUNT, lambda:
@@ -288,6 +306,10 @@ class _Matcher:
         for want, have in zip(pattern.args, args):
             if not self.match(want, have):
                 return False
+        return self.keyword_arguments(pattern, args, kwargs, count)
+
+    def keyword_arguments(self, pattern: PCall, args: tuple, kwargs: dict, count: int) -> bool:
+        """The keywords of a call compared as written (``count``: the positional arguments taken)."""
         named = {name for name, _ in pattern.kwargs}
         for name, want in pattern.kwargs:
             if name not in kwargs:

@@ -61,6 +61,14 @@ class PRef:
 
 
 @dataclass(frozen=True, slots=True)
+class PVariadic:
+    """``*$xs``, last in an argument list or a list: binds the remaining items as a tuple."""
+
+    name: str
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
 class PSeq:
     items: tuple
     span: A.Span = field(default=A.NO_SPAN, compare=False)
@@ -100,7 +108,7 @@ class PCall:
     commutes: Optional[Commutation] = None  # its two operands may match in either order (lang.commutative)
 
 
-Pattern = Union[PCapture, PWildcard, PLiteral, PConst, PRef, PSeq, PAlt, PBind, PGetAttr, PCall]
+Pattern = Union[PCapture, PWildcard, PLiteral, PConst, PRef, PSeq, PAlt, PBind, PGetAttr, PCall, PVariadic]
 
 # ---------------------------------------------------------------------------
 # Replacement templates
@@ -118,6 +126,13 @@ class RValue:
 @dataclass(frozen=True, slots=True)
 class RLiteral:
     value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RSplat:
+    """``*$xs`` in a replacement's argument list or list: the items the capture bound, spliced in."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +200,7 @@ class RCall:
     span: A.Span
 
 
-Replacement = Union[RValue, RLiteral, RSeq, RCall, RComputed, RShared, RRef]
+Replacement = Union[RValue, RLiteral, RSeq, RCall, RComputed, RShared, RRef, RSplat]
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +304,8 @@ class RuleCompiler:
     def pattern(self, expr: A.Expr) -> Pattern:
         if isinstance(expr, A.Capture):
             return PCapture(expr.name, expr.span)
+        if isinstance(expr, A.Variadic):
+            return PVariadic(expr.name, expr.span)
         if isinstance(expr, A.Wildcard):
             return PWildcard()
         if isinstance(expr, A.Literal):
@@ -334,6 +351,8 @@ class RuleCompiler:
         finally:
             self.commuting_depth -= commutes is not None
         overloads = []
+        if positional and type(positional[-1]) is PVariadic:
+            sigs = ()  # `*$xs` takes the rest as written: compared positionally
         for sig in sigs:  # for call_method, the first argument is `self`, as in torch.NAME(input, ...)
             bound = signatures.bind(sig, positional, dict(keywords), partial=rest)
             if bound is not None:
@@ -357,6 +376,8 @@ class RuleCompiler:
     def replacement(self, expr: A.Expr, root_index: int) -> Replacement:
         if isinstance(expr, A.Capture):
             return RValue(expr.name, True)
+        if isinstance(expr, A.Variadic):
+            return RSplat(expr.name)
         if isinstance(expr, A.Literal):
             return RLiteral(expr.value)
         if isinstance(expr, A.Name):
@@ -432,6 +453,8 @@ def _reads(replacements: tuple) -> tuple:
         item = stack.pop()
         if isinstance(item, RShared):
             stack.append(item.inner)
+        elif isinstance(item, RSplat):
+            found[(READ_CAPTURE, item.name)] = None
         elif isinstance(item, RValue):
             found[(READ_CAPTURE if item.is_capture else READ_NAME, item.name)] = None
         elif isinstance(item, RSeq):

@@ -28,8 +28,8 @@ from fxrules.engine import fxaccess
 from fxrules.engine.errors import ModelError
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
-from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RValue,
-                                   graph_constant)
+from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat,
+                                   RValue, graph_constant)
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
 
@@ -399,7 +399,7 @@ class _ReplacementWriter:
         if kind is RLiteral:
             return item.value
         if kind is RSeq:
-            return item.kind([self.value(i) for i in item.items])
+            return item.kind(self.values(item.items))
         if kind is RComputed:
             return self.computed[id(item)]
         if kind is RShared:  # built once; its later uses (RRef) are this node
@@ -409,6 +409,16 @@ class _ReplacementWriter:
             return self.shared[item.name]
         raise AssertionError(item)  # pragma: no cover
 
+    def values(self, items: tuple) -> list:
+        """The values of argument or list items, with ``*$xs`` (RSplat) spliced in."""
+        out: list = []
+        for i in items:
+            if type(i) is RSplat:
+                out.extend(self.env.captures[i.name])
+            else:
+                out.append(self.value(i))
+        return out
+
     def call(self, item: RCall) -> fx.Node:
         root = self.match.roots[item.root_index]
         self.meta_source = root
@@ -416,7 +426,7 @@ class _ReplacementWriter:
             args, kwargs = tuple(root.args), dict(root.kwargs)
         else:
             value = self.value
-            args = tuple([value(a) for a in item.args])
+            args = tuple(self.values(item.args))
             kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
             if item.rest and self.env.rest is not None:
                 args = args + tuple(self.env.rest[0])

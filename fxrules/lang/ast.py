@@ -136,6 +136,15 @@ class Ellipsis_:
 
 
 @dataclass(frozen=True, slots=True)
+class Variadic:
+    """``*$xs`` as the last positional argument or list item: in a pattern, binds the rest (any
+    number, as a tuple); in a replacement, splices what it bound."""
+
+    name: str  # without the ``$``
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
 class Keyword:
     """``name=value`` in an argument list or an attribute block."""
 
@@ -215,7 +224,7 @@ class Computed:
 
 
 Expr = Union[Capture, Wildcard, Literal, Name, ListExpr, TupleExpr, Ellipsis_, Call, GetAttr, Alt, Bind, PatternUse,
-             Computed]
+             Computed, Variadic]
 
 
 # ---------------------------------------------------------------------------

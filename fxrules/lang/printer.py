@@ -297,6 +297,8 @@ def _expand_expr(node: object, context: int) -> list:
             return [dotted.text]
         case A.Ellipsis_():
             return ["..."]
+        case A.Variadic(name=name):
+            return ["*$" + name]
         case A.Keyword(name=name, value=value):
             return [name + "=", (value, _ANY)]
         case A.ListExpr(items=items):

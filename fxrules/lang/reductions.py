@@ -349,6 +349,9 @@ class Reductions:
             return A.GetAttr(target, self._tokens_span(ch[0], ch[1]))
         return A.GetAttr(target, self._span(ch[0], target))
 
+    def r_variadic(self, ch: list) -> A.Variadic:  # STAR CAPTURE
+        return A.Variadic(ch[1].group()[1:], self._tokens_span(ch[0], ch[1]))
+
     def r_ellipsis(self, ch: list) -> A.Ellipsis_:  # ELLIPSIS
         return A.Ellipsis_(self._token_span(ch[0]))
 

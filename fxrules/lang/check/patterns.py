@@ -42,7 +42,7 @@ def check_body_pattern(reporter: Reporter, targets: Targets, body: A.Expr, named
 
 
 def _bindings(reporter: Reporter, scope: "_Scope") -> Bindings:
-    bindings = Bindings(scope.captures, scope.names, tuple(scope.ellipses))
+    bindings = Bindings(scope.captures, scope.names, tuple(scope.ellipses), frozenset(scope.variadics))
     for name, span, enclosing in scope.references:
         if name in enclosing:
             reporter.error(span, "bad-pattern", f"`{name}` is used inside the pattern it names",
@@ -61,6 +61,7 @@ class _Scope:
     name_spans: dict[str, A.Span] = field(default_factory=dict)
     references: list[tuple[str, A.Span, tuple[str, ...]]] = field(default_factory=list)  # name, span, enclosing binds
     ellipses: list[A.Span] = field(default_factory=list)
+    variadics: set[str] = field(default_factory=set)
 
     def bound(self) -> frozenset:
         return frozenset(("$" + c) for c in self.captures) | frozenset(self.names)
@@ -97,10 +98,12 @@ class _PatternWalk:
         elif isinstance(expr, (A.ListExpr, A.TupleExpr)):
             if root:
                 self.reporter.error(expr.span, "bad-pattern", "a pattern root must be an operation, not a list")
-            for item in expr.items:
+            for i, item in enumerate(expr.items):
                 if isinstance(item, A.Ellipsis_):
                     self.reporter.error(item.span, "ellipsis-misuse",
                                         "`...` may only end an argument list, not a list or tuple")
+                elif isinstance(item, A.Variadic):
+                    self.variadic(item, scope, last=i == len(expr.items) - 1)
                 else:
                     self.pattern(item, scope, root=False, enclosing=enclosing)
         elif isinstance(expr, A.Ellipsis_):
@@ -117,6 +120,8 @@ class _PatternWalk:
                 self.reporter.error(expr.span, "bad-pattern", f"`{expr.name}` may match a value that is not an "
                                                               "operation, so it cannot be a pattern root",
                                     notes=[f"its body (at {named.definition.span}) has an option that is not a call"])
+        elif isinstance(expr, A.Variadic):
+            self.variadic(expr, scope, last=False)
         elif isinstance(expr, A.Computed):
             self.reporter.error(expr.span, "bad-pattern", "a computed value `{...}` can only appear in a replacement",
                                 notes=["to test a value, capture it (`$x`) and write `where` with the condition"])
@@ -145,6 +150,7 @@ class _PatternWalk:
                 scope.name_spans.setdefault(name, sub.name_spans[name])
             scope.references.extend(sub.references)
             scope.ellipses.extend(sub.ellipses)
+            scope.variadics.update(sub.variadics)
         first, _ = bound_sets[0]
         for other, option in bound_sets[1:]:
             if other != first:
@@ -220,11 +226,23 @@ class _PatternWalk:
             ellipsis = check_argument_list(self.reporter, call, "bad-pattern")
             if ellipsis is not None:
                 scope.ellipses.append(ellipsis)
-            for arg in call.args:
-                if not isinstance(arg, A.Ellipsis_):
+            for i, arg in enumerate(call.args):
+                if isinstance(arg, A.Variadic):
+                    self.variadic(arg, scope, last=i == len(call.args) - 1)
+                elif not isinstance(arg, A.Ellipsis_):
                     self.pattern(arg, scope, root=False, enclosing=enclosing)
             for keyword in call.kwargs:
                 self.pattern(keyword.value, scope, root=False, enclosing=enclosing)
+
+    def variadic(self, item: A.Variadic, scope: _Scope, *, last: bool) -> None:
+        """``*$xs`` binds the rest of an argument list or a list (a tuple): it must be the last item
+        (so what it takes is decided, without backtracking), and not beside a `...`."""
+        scope.captures.setdefault(item.name, item.span)
+        scope.variadics.add(item.name)
+        if not last:
+            self.reporter.error(item.span, "bad-pattern", f"`*${item.name}` takes the rest, so it must be the last "
+                                                          "positional argument or list item",
+                                notes=["a call may end with `*$xs` or with `...`, not both"])
 
     def module_call(self, call: A.Call, scope: _Scope) -> None:
         """``call_module TYPE{attribute=value, ...}``: a module type, and attributes its constructor takes."""

@@ -81,7 +81,7 @@ class _ReplacementWalk:
                 if isinstance(item, A.Ellipsis_):
                     self.reporter.error(item.span, "ellipsis-misuse", "`...` may only end an argument list")
                 else:
-                    self.replacement(item, root=False)
+                    self.item(item)
         elif isinstance(expr, A.Ellipsis_):
             self.reporter.error(expr.span, "ellipsis-misuse", "`...` may only end an argument list")
         elif isinstance(expr, A.GetAttr):
@@ -95,6 +95,9 @@ class _ReplacementWalk:
             self.reporter.error(expr.span, "bad-replacement", "an alternation `|` can only appear in a pattern")
         elif isinstance(expr, A.Bind):
             self.shared_node(expr, root=root)
+        elif isinstance(expr, A.Variadic):
+            self.reporter.error(expr.span, "bad-replacement", f"`*${expr.name}` splices items: it may appear only "
+                                                              "among positional arguments or list items")
         elif isinstance(expr, A.Computed):
             if root:
                 self.reporter.error(expr.span, "bad-replacement", "a node cannot be replaced by a computed value",
@@ -126,9 +129,21 @@ class _ReplacementWalk:
             check_argument_list(self.reporter, call, "bad-replacement")
             for arg in call.args:
                 if not isinstance(arg, A.Ellipsis_):
-                    self.replacement(arg, root=False)
+                    self.item(arg)
             for keyword in call.kwargs:
                 self.replacement(keyword.value, root=False)
+
+    def item(self, expr: A.Expr) -> None:
+        """A positional argument or list item: ``*$xs`` splices what the pattern's ``*$xs`` bound."""
+        if isinstance(expr, A.Variadic):
+            if expr.name not in self.bindings.captures:
+                report_unbound_capture(self.reporter, expr.name, expr.span, self.bindings, "the replacement")
+            elif expr.name not in self.bindings.variadics:
+                self.reporter.error(expr.span, "bad-replacement", f"`*${expr.name}` splices a list, but the pattern "
+                                                                  f"binds `${expr.name}` to one value",
+                                    notes=[f"bind it with `*${expr.name}` in the pattern"])
+        else:
+            self.replacement(expr, root=False)
 
     def shared_node(self, expr: A.Bind, *, root: bool) -> None:
         """``CALL as name``: a node built once, which the replacement's later parts (its other roots
