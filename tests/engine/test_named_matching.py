@@ -69,8 +69,8 @@ def test_an_optional_part_matches_with_and_without_it():
     from pathlib import Path
 
     rules = fxrules.load_rules(Path(__file__).parents[1] / "corpus" / "pass" / "optional_parts.fxr")
-    result = fxrules.apply_rules(fx.symbolic_trace(Attention()), rules)
-    assert len(result.report.applied) == 2
     q, k, v = torch.randn(2, 4, 8), torch.randn(2, 4, 8), torch.randn(2, 4, 8)
+    result = fxrules.apply_rules(fx.symbolic_trace(Attention()), rules, example_inputs=(q, k, v))
+    assert len(result.report.applied) == 2
     for got, want in zip(result.module(q, k, v), Attention()(q, k, v)):
         torch.testing.assert_close(got, want)
