@@ -44,7 +44,7 @@ import fxrules.lang.ast as A
 from fxrules.lang import allowlist
 from fxrules.lang.names import expand
 from fxrules.engine.predicates import PREDICATES
-from fxrules.lang.names import CONDITION_FUNCTIONS
+from fxrules.lang.names import CONDITION_FUNCTIONS, USER_FUNCTIONS
 
 MAX_SEQUENCE = 1 << 16
 """The most items (or characters) a list, tuple or string built by a condition may have, nested items
@@ -292,6 +292,8 @@ class Evaluator:
         raise AssertionError(kind)  # pragma: no cover
 
     def call(self, cond: A.CCall) -> Any:
+        if isinstance(cond.func, A.CName) and cond.func.name in USER_FUNCTIONS:
+            return self.user_function(cond)
         # A captured node passed straight to a function need not have metadata: the function
         # gets the node itself then (built-in predicates answer False for it).
         args = [self.captures[a.name] if isinstance(a, A.CCapture) and _bare_node(self.captures[a.name])
@@ -322,6 +324,29 @@ class Evaluator:
         values = [self.predicate_arg(a) for a in args]
         _check_readable(values)
         return function(*values)
+
+    def user_function(self, cond: A.CCall) -> Any:
+        """``users``, ``user_targets``, ``used_only_by`` (fxrules.lang.names.USER_FUNCTIONS): about the
+        users of the node the first argument is bound to; a literal has none (the condition is false)."""
+        first = cond.args[0]
+        node = self.captures.get(first.name) if isinstance(first, A.CCapture) else self.names.get(first.name)
+        if not isinstance(node, fx.Node):
+            raise NotApplicable("users")
+        if cond.func.name == "users":
+            return len(node.users)
+        targets = _bounded([self.user_target(user) for user in node.users])
+        if cond.func.name == "user_targets":
+            return targets
+        allowed = [self.value(arg) for arg in cond.args[1:]]
+        return all(any(t is a or _equal(t, a) for a in allowed) for t in targets)
+
+    def user_target(self, user: fx.Node) -> Any:
+        """What ``user_targets`` lists for a user: its function, method name, module class, or ``"output"``."""
+        if user.op == "call_module":
+            return type(self.module_of(user.target))
+        if user.op == "output":
+            return "output"
+        return user.target
 
     def predicate_arg(self, value: Any) -> Any:
         if isinstance(value, fx.Node):
@@ -451,6 +476,13 @@ def _bounded(value: Any) -> Any:
     if isinstance(value, _SEQUENCES) and _weight(value) > MAX_SEQUENCE:
         raise ConditionRefused(f"a condition may build sequences of at most {MAX_SEQUENCE} items")
     return value
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - a target whose == raises is not the one
+        return False
 
 
 def _bare_node(value: Any) -> bool:

@@ -636,6 +636,19 @@ def function_is_impure(target: Any, args: tuple, kwargs: dict) -> bool:
     return _torch_is_impure(target, args=args, kwargs=kwargs, impure_random=False)
 
 
+def boolean_dispatched(target: Any) -> tuple:
+    """The two functions a ``torch.nn.functional`` wrapper made by ``boolean_dispatch`` (``F.max_pool2d``,
+    ``F.adaptive_max_pool1d``, ...) dispatches to on a flag (``return_indices``), or ``()`` for any other
+    target. The wrapper itself takes ``(*args, **kwargs)``; its branches have the real parameters."""
+    from torch import _jit_internal
+
+    try:
+        found = _jit_internal.boolean_dispatched.get(target)
+    except TypeError:  # an unhashable target
+        return ()
+    return (found["if_false"], found["if_true"]) if found else ()
+
+
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 

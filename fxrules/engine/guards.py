@@ -41,7 +41,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from fxrules.engine import fxaccess
 from fxrules.engine.budget import Budget, RealRunGuard, Unsized
 from fxrules.engine.matcher import Match
-from fxrules.engine.program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
+from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared,
+                                    RSplat, RValue)
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import MetadataChange
 
@@ -76,8 +77,10 @@ class Prospect:
 class DryRun:
     """Evaluates a match's replacement templates on the graph's fake values (nothing is built)."""
 
-    def __init__(self, work: Any, match: Match, modules: Mapping[int, nn.Module]):
+    def __init__(self, work: Any, match: Match, modules: Mapping[int, nn.Module], computed: Mapping[int, Any]):
         self.work = work
+        self.computed = computed  # id(RComputed) -> its value (the writer computed them first)
+        self.shared: dict = {}  # name -> the value of the call a replacement's `CALL as name` makes
         self.match = match
         self.env = match.bindings
         self.modules = modules  # id(RCall) -> the module a builder or constructor made for it
@@ -103,8 +106,25 @@ class DryRun:
         if kind is RLiteral:
             return item.value
         if kind is RSeq:
-            return item.kind([self.value(i) for i in item.items])
+            return item.kind(self.values(item.items))
+        if kind is RComputed:
+            return self.computed[id(item)]
+        if kind is RShared:
+            result = self.shared[item.name] = self.value(item.inner)
+            return result
+        if kind is RRef:
+            return self.shared[item.name]
         raise AssertionError(item)  # pragma: no cover
+
+    def values(self, items: tuple) -> list:
+        """Argument or list items, with ``*$xs`` (RSplat) spliced in, as the writer builds them."""
+        out: list = []
+        for i in items:
+            if type(i) is RSplat:
+                out.extend(self.of(tuple(self.env.captures[i.name])))
+            else:
+                out.append(self.value(i))
+        return out
 
     def of(self, value: Any) -> Any:
         """A graph value's metadata stand-in: a node's ``meta['val']`` (a get_attr: its tensor, made
@@ -131,7 +151,7 @@ class DryRun:
         if item.args is None:
             args, kwargs = self.of(tuple(root.args)), self.of(dict(root.kwargs))
         else:
-            args = tuple(self.value(a) for a in item.args)
+            args = tuple(self.values(item.args))
             kwargs = {name: self.value(v) for name, v in item.kwargs}
             if item.rest and self.env.rest is not None:
                 args = args + tuple(self.of(tuple(self.env.rest[0])))
@@ -572,6 +592,10 @@ def _kept_parameters(work: Any, match: Match, modules: Mapping[int, nn.Module]) 
             _nodes_in((env.captures if item.is_capture else env.names).get(item.name), nodes)
         elif isinstance(item, RSeq):
             stack.extend(item.items)
+        elif isinstance(item, RShared):
+            stack.append(item.inner)
+        elif isinstance(item, RSplat):
+            _nodes_in(env.captures.get(item.name), nodes)
         elif isinstance(item, RCall):
             if item.args is None:
                 root = match.roots[item.root_index]

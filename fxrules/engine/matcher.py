@@ -32,7 +32,8 @@ from torch import fx
 import fxrules.lang.ast as A
 import fxrules.engine.signatures as signatures
 from fxrules.engine import fxaccess
-from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, Program, PRef, PSeq, PWildcard)
+from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, Program, PRef, PSeq, PVariadic,
+                                   PWildcard)
 from fxrules.engine.refusals import MissCode
 
 _MISSING = object()
@@ -143,6 +144,8 @@ class _Matcher:
         if kind is PConst:
             return _same_constant(pattern.value, value) or self.fail(_CONSTANT, lambda:
                 f"expected {pattern.label}, found {_show(value)}", pattern.span)
+        if kind is PSeq and pattern.items and type(pattern.items[-1]) is PVariadic:
+            return self.variadic(pattern.items, value, pattern.span)
         if kind is PSeq:
             if not isinstance(value, (list, tuple)) or len(value) != len(pattern.items):
                 return self.fail(_SEQUENCE, lambda:
@@ -170,6 +173,17 @@ class _Matcher:
         if kind is PGetAttr:
             return self.get_attr(pattern, value)
         raise AssertionError(kind)  # pragma: no cover
+
+    def variadic(self, items: tuple, values: Any, span: A.Span) -> bool:
+        """Items ending in ``*$xs``: the fixed ones match one by one, ``$xs`` binds the rest (a list, as
+        conditions write sequences: `$xs == [0, 2, 1]`)."""
+        fixed = len(items) - 1
+        if not isinstance(values, (list, tuple)) or len(values) < fixed:
+            return self.fail(_SEQUENCE, lambda: f"expected at least {fixed} item{'s' * (fixed != 1)}, found "
+                                                f"{_show(values)}", span)
+        if not all(self.match(p, v) for p, v in zip(items[:fixed], values)):
+            return False
+        return self.capture(items[-1].name, list(values[fixed:]), items[-1].span)
 
     def capture(self, name: str, value: Any, span: Optional[A.Span] = None) -> bool:
         bound = self.env.captures.get(name, _MISSING)
@@ -242,6 +256,8 @@ class _Matcher:
                 continue
             # The first signature the call binds to decides. A failure needs no undoing here:
             # it fails the whole match, or an enclosing alternative restores its own snapshot.
+            if pattern.commutes is not None:
+                return self.commuting_arguments(pattern, node, sig, expected, actual)
             return self.bound_arguments(pattern, node, sig, expected, actual)
         return self.positional_arguments(pattern, node)  # the call does not fit the signature: compare as written
 
@@ -268,8 +284,24 @@ class _Matcher:
             self.env.rest = _rest(pattern, node, expected)
         return True
 
+    def commuting_arguments(self, pattern: PCall, node: fx.Node, sig, expected: dict, actual: dict) -> bool:
+        """A commutative call (fxrules.lang.commutative): the written order, else the two operands
+        exchanged (at most two tries; the first that matches wins, as for an alternation)."""
+        state = self.env.snapshot()
+        if self.bound_arguments(pattern, node, sig, expected, actual):
+            return True
+        swapped = _swapped(pattern.commutes, sig, actual)
+        if swapped is None:
+            return False
+        self.env.restore(state)
+        return self.bound_arguments(pattern, node, sig, expected, swapped)
+
     def positional_arguments(self, pattern: PCall, node: fx.Node) -> bool:
         args, kwargs = node.args, node.kwargs
+        if pattern.args and type(pattern.args[-1]) is PVariadic:
+            if not self.variadic(pattern.args, args, pattern.span):
+                return False
+            return self.keyword_arguments(pattern, args, kwargs, len(args))
         count = len(pattern.args)
         if len(args) < count or (len(args) > count and not pattern.rest):
             return self.fail(_ARGUMENT_COUNT, lambda:
@@ -277,6 +309,10 @@ class _Matcher:
         for want, have in zip(pattern.args, args):
             if not self.match(want, have):
                 return False
+        return self.keyword_arguments(pattern, args, kwargs, count)
+
+    def keyword_arguments(self, pattern: PCall, args: tuple, kwargs: dict, count: int) -> bool:
+        """The keywords of a call compared as written (``count``: the positional arguments taken)."""
         named = {name for name, _ in pattern.kwargs}
         for name, want in pattern.kwargs:
             if name not in kwargs:
@@ -290,6 +326,35 @@ class _Matcher:
         if pattern.rest:
             self.env.rest = (tuple(args[count:]), {k: v for k, v in kwargs.items() if k not in named})
         return True
+
+
+def _swapped(commutes, sig, actual: dict) -> Optional[dict]:
+    """``actual`` with the two operands exchanged, or None where the call does not commute: an
+    operand missing, a parameter of ``at_default`` given otherwise, or (``numeric``) neither operand
+    known to be a tensor or a number."""
+    first, second = actual.get(commutes.first, _MISSING), actual.get(commutes.second, _MISSING)
+    if first is _MISSING or second is _MISSING:
+        return None
+    for name in commutes.at_default:
+        if name in actual and not _same_value(actual[name], signatures.default(sig, name)):
+            return None
+    if commutes.numeric and not (_numeric(first) or _numeric(second)):
+        return None
+    swapped = dict(actual)
+    swapped[commutes.first], swapped[commutes.second] = second, first
+    return swapped
+
+
+def _numeric(value: Any) -> bool:
+    """A tensor or a number: a literal number, or a node whose metadata says so."""
+    import torch
+
+    if isinstance(value, fx.Node):
+        value = value.meta.get("val", value.meta.get("tensor_meta"))
+        if value is not None and not isinstance(value, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool,
+                                                        int, float, bool, complex)):
+            return hasattr(value, "shape") and hasattr(value, "dtype")  # a TensorMetadata
+    return isinstance(value, (torch.Tensor, int, float, bool, complex, torch.SymInt, torch.SymFloat))
 
 
 def _rest(pattern: PCall, node: fx.Node, expected: dict) -> tuple:

@@ -20,6 +20,7 @@ import fxrules.lang.ast as A
 import fxrules.engine.signatures as signatures
 from fxrules.lang import allowlist
 from fxrules.lang.allowlist import Position
+from fxrules.lang.commutative import MAX_COMMUTING_DEPTH, Commutation, commutation
 from fxrules.lang.diagnostics import Diagnostic, RuleFileError
 from fxrules.lang.names import builtin_path, expand
 from fxrules.lang.ruleset import CheckedRule, RuleSet
@@ -55,6 +56,14 @@ class PConst:
 
 @dataclass(frozen=True, slots=True)
 class PRef:
+    name: str
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PVariadic:
+    """``*$xs``, last in an argument list or a list: binds the remaining items as a tuple."""
+
     name: str
     span: A.Span = field(default=A.NO_SPAN, compare=False)
 
@@ -96,9 +105,10 @@ class PCall:
     overloads: tuple  # ((inspect.Signature, {param: P}), ...); empty: compare as written
     attrs: tuple  # ((name, P), ...) module attribute constraints
     span: A.Span
+    commutes: Optional[Commutation] = None  # its two operands may match in either order (lang.commutative)
 
 
-Pattern = Union[PCapture, PWildcard, PLiteral, PConst, PRef, PSeq, PAlt, PBind, PGetAttr, PCall]
+Pattern = Union[PCapture, PWildcard, PLiteral, PConst, PRef, PSeq, PAlt, PBind, PGetAttr, PCall, PVariadic]
 
 # ---------------------------------------------------------------------------
 # Replacement templates
@@ -116,6 +126,40 @@ class RValue:
 @dataclass(frozen=True, slots=True)
 class RLiteral:
     value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RSplat:
+    """``*$xs`` in a replacement's argument list or list: the items the capture bound, spliced in."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RShared:
+    """``CALL as name`` in a replacement: the node ``inner`` builds, kept as ``name`` for :class:`RRef`."""
+
+    inner: Any
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RRef:
+    """A later use of a node the replacement built and named (:class:`RShared`): the same node, built once."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RComputed:
+    """``{cond}``: a value computed from the match when the rewrite is made, by the conditions'
+    evaluator (:mod:`fxrules.engine.conditions`, with its allow-list and budget); it must come out
+    a constant a graph can hold (:func:`fxrules.engine.conditions.constant_value`)."""
+
+    cond: Any  # A.Cond
+    aliases: Any  # the rule's alias table
+    resolver: Any  # the rule set's Resolver (its import policy)
+    span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +200,7 @@ class RCall:
     span: A.Span
 
 
-Replacement = Union[RValue, RLiteral, RSeq, RCall]
+Replacement = Union[RValue, RLiteral, RSeq, RCall, RComputed, RShared, RRef, RSplat]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +218,14 @@ class Program:
     requires_keys: tuple = ()  # per `requires` pattern: frozenset of the (op, target) it matches, or None
     reads: tuple = ()  # what the replacements read from a match (see _reads), computed once
     prefilter: Optional[frozenset] = None  # the one requires_keys set, when that is the whole pre-check
+    computed: tuple = ()  # the replacements' RComputed values, evaluated before the graph is touched
+    method_objects: tuple = ()  # (RCall, capture name or None: forwarded): call_method replacements' objects
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "computed", _computed(self.replacements))
+        object.__setattr__(self, "method_objects", _method_objects(self.replacements))
+        if any(_reads_metadata(c.cond) for c in self.computed):
+            object.__setattr__(self, "needs_metadata", True)
         keys = tuple(_match_keys(p) for p in self.requires)
         object.__setattr__(self, "requires_keys", keys)
         object.__setattr__(self, "reads", _reads(self.replacements))
@@ -208,6 +258,7 @@ class RuleCompiler:
         self.aliases = rule.aliases
         self.sources = rule_set.sources
         self.position = Position.PATTERN
+        self.commuting_depth = 0  # commutative call patterns around the one being compiled
 
     def fail(self, span: A.Span, code: str, message: str) -> RuleFileError:
         return RuleFileError([Diagnostic.at(span, code, message)], dict(self.sources))
@@ -253,6 +304,8 @@ class RuleCompiler:
     def pattern(self, expr: A.Expr) -> Pattern:
         if isinstance(expr, A.Capture):
             return PCapture(expr.name, expr.span)
+        if isinstance(expr, A.Variadic):
+            return PVariadic(expr.name, expr.span)
         if isinstance(expr, A.Wildcard):
             return PWildcard()
         if isinstance(expr, A.Literal):
@@ -290,27 +343,51 @@ class RuleCompiler:
         if call.args is None:
             return PCall(call.op, targets, call.target.text, None, (), True, (), attrs, call.span)
         rest = call.has_ellipsis
-        positional = tuple(self.pattern(a) for a in call.args if not isinstance(a, A.Ellipsis_))
-        keywords = tuple((k.name, self.pattern(k.value)) for k in call.kwargs)
+        commutes = self.commutation(call)
+        self.commuting_depth += commutes is not None
+        try:
+            positional = tuple(self.pattern(a) for a in call.args if not isinstance(a, A.Ellipsis_))
+            keywords = tuple((k.name, self.pattern(k.value)) for k in call.kwargs)
+        finally:
+            self.commuting_depth -= commutes is not None
         overloads = []
+        if positional and type(positional[-1]) is PVariadic:
+            sigs = ()  # `*$xs` takes the rest as written: compared positionally
         for sig in sigs:  # for call_method, the first argument is `self`, as in torch.NAME(input, ...)
             bound = signatures.bind(sig, positional, dict(keywords), partial=rest)
             if bound is not None:
                 overloads.append((sig, {name: _seq(value) for name, value in bound.items()}))
+        if commutes is not None and not any(commutes.first in bound and commutes.second in bound
+                                            for _, bound in overloads):
+            commutes = None  # the pattern must give both operands to exchange them (others: by name, when bound)
         # No signature fits (e.g. `x.reshape(2, -1)`: the method takes *shape, torch.reshape a
         # tuple): compare the arguments as written. The checker accepted the rule, so it must apply.
-        return PCall(call.op, targets, call.target.text, positional, keywords, rest, tuple(overloads), attrs, call.span)
+        return PCall(call.op, targets, call.target.text, positional, keywords, rest, tuple(overloads), attrs, call.span,
+                     commutes if overloads else None)
+
+    def commutation(self, call: A.Call) -> Optional[Commutation]:
+        """How a call pattern commutes (:mod:`fxrules.lang.commutative`), within the nesting bound."""
+        if self.commuting_depth >= MAX_COMMUTING_DEPTH or call.op == "call_module":
+            return None
+        path = call.target.parts[0] if call.op == "call_method" else self.function_path(call.target)
+        return commutation(call.op, path)
 
     # -- replacements ----------------------------------------------------------------
     def replacement(self, expr: A.Expr, root_index: int) -> Replacement:
         if isinstance(expr, A.Capture):
             return RValue(expr.name, True)
+        if isinstance(expr, A.Variadic):
+            return RSplat(expr.name)
         if isinstance(expr, A.Literal):
             return RLiteral(expr.value)
         if isinstance(expr, A.Name):
+            if len(expr.dotted.parts) == 1 and expr.dotted.parts[0] in self.shared_names:
+                return RRef(expr.dotted.parts[0])
             if len(expr.dotted.parts) == 1:
                 return RValue(expr.dotted.parts[0], False)
             return RLiteral(self.constant(expr.dotted, expr.span))
+        if isinstance(expr, A.Bind) and isinstance(expr.expr, A.Call):
+            return RShared(self.call_replacement(expr.expr, root_index), expr.name)
         if isinstance(expr, A.ListExpr):
             return RSeq(tuple(self.replacement(i, root_index) for i in expr.items), list)
         if isinstance(expr, A.TupleExpr):
@@ -319,6 +396,8 @@ class RuleCompiler:
             return RValue(expr.target.name, True)
         if isinstance(expr, A.Call):
             return self.call_replacement(expr, root_index)
+        if isinstance(expr, A.Computed):
+            return RComputed(expr.cond, self.aliases, self.resolver, expr.span)
         raise self.fail(expr.span, "bad-replacement", "this cannot be built")  # pragma: no cover - checker rejects
 
     def call_replacement(self, call: A.Call, root_index: int) -> RCall:
@@ -348,10 +427,12 @@ class RuleCompiler:
     # -- the rule ------------------------------------------------------------------
     def program(self) -> Program:
         ast = self.rule.ast
-        self.bound_names = _bound_names(ast.patterns)
+        patterns = self.rule.pattern_roots
+        self.bound_names = _bound_names(patterns)
         self.position = Position.PATTERN
-        roots = tuple(self.pattern(p) for p in ast.patterns)
+        roots = tuple(self.pattern(p) for p in patterns)
         self.position = Position.REPLACEMENT
+        self.shared_names = _bound_names(ast.replacements)  # nodes a replacement builds once and names
         replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
                        any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]),
@@ -370,7 +451,11 @@ def _reads(replacements: tuple) -> tuple:
     stack = list(replacements)
     while stack:
         item = stack.pop()
-        if isinstance(item, RValue):
+        if isinstance(item, RShared):
+            stack.append(item.inner)
+        elif isinstance(item, RSplat):
+            found[(READ_CAPTURE, item.name)] = None
+        elif isinstance(item, RValue):
             found[(READ_CAPTURE if item.is_capture else READ_NAME, item.name)] = None
         elif isinstance(item, RSeq):
             stack.extend(item.items)
@@ -392,6 +477,65 @@ def _reads(replacements: tuple) -> tuple:
     return tuple(found)
 
 
+def _computed(replacements: tuple) -> tuple:
+    """The computed values (``{...}``) of the replacements, module constructor arguments included."""
+    found = []
+    stack = list(replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RComputed):
+            found.append(item)
+        elif isinstance(item, RShared):
+            stack.append(item.inner)
+        elif isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            stack.extend(item.args or ())
+            stack.extend(v for _, v in item.kwargs)
+            if isinstance(item.target, RNewModule):
+                stack.extend(v for _, v in item.target.attrs)
+    return tuple(found)
+
+
+def _method_objects(replacements: tuple) -> tuple:
+    """``(call, capture)`` for each replacement ``call_method NAME($capture, ...)``: a capture may bind a
+    literal, on which no method can be called (the code would not compile): checked before a rewrite."""
+    found = []
+    stack = list(replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RShared):
+            stack.append(item.inner)
+        elif isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            if item.op == "call_method" and item.args is None:
+                found.append((item, None))  # forwards its root's arguments: the first is the object
+            elif item.op == "call_method" and item.args and isinstance(item.args[0], RValue) and item.args[0].is_capture:
+                found.append((item, item.args[0].name))
+            stack.extend(item.args or ())
+            stack.extend(v for _, v in item.kwargs)
+    return tuple(found)
+
+
+def graph_constant(value: Any, span: A.Span) -> Any:
+    """A computed value as a graph may hold it: None, a bool, int, float or str, a dtype, device,
+    layout or memory format, or a list or tuple of them (a shape becomes a tuple). Anything else (a
+    tensor, a module, a symbolic size) raises TypeError: the rule is wrong, not the model."""
+    import torch
+
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return value
+    if isinstance(value, torch.Size):
+        value = tuple(value)
+    if type(value) in (list, tuple):
+        return type(value)(graph_constant(item, span) for item in value)
+    raise TypeError(f"the computed value at {span} is {type(value).__name__}, not a constant a graph can hold "
+                    f"(a number, string, bool, None, dtype, device, or a list or tuple of them)")
+
+
 def _module_calls(replacements: tuple) -> tuple:
     """The replacement calls that construct a module, in the order they are built (last item first,
     depth first): a rewrite makes every module before it touches the graph."""
@@ -399,7 +543,9 @@ def _module_calls(replacements: tuple) -> tuple:
     stack = list(replacements)
     while stack:
         item = stack.pop()
-        if isinstance(item, RSeq):
+        if isinstance(item, RShared):
+            stack.append(item.inner)
+        elif isinstance(item, RSeq):
             stack.extend(item.items)
         elif isinstance(item, RCall):
             stack.extend(item.args or ())

@@ -56,6 +56,9 @@ def for_function(target: Any) -> tuple[inspect.Signature, ...]:
             sigs = None
         if sigs:
             return tuple(s for s in sigs if _usable(s))
+        branches = fxaccess.boolean_dispatched(target)
+        if branches:
+            return _dispatched_signature(branches)
         try:
             sig = inspect.signature(target)
         except (TypeError, ValueError):
@@ -68,6 +71,25 @@ def for_function(target: Any) -> tuple[inspect.Signature, ...]:
     except TypeError:
         return ()
     return _cached(key, compute)
+
+
+def _dispatched_signature(branches: tuple) -> tuple[inspect.Signature, ...]:
+    """The signature of a ``boolean_dispatch`` wrapper (``F.max_pool2d``): its branches' parameters,
+    when they agree (names, kinds and defaults; the flag is one of them), as torch.fx's own argument
+    normalisation takes it. symbolic_trace records every keyword of such a call, so without it a
+    pattern leaving one at its default never matched. Return annotations differ and are dropped."""
+    sigs = []
+    for branch in branches:
+        try:
+            sig = inspect.signature(branch)
+        except (TypeError, ValueError):
+            return ()
+        sigs.append(sig.replace(parameters=[p.replace(annotation=inspect.Parameter.empty)
+                                            for p in sig.parameters.values()],
+                                return_annotation=inspect.Signature.empty))
+    if any(s != sigs[0] for s in sigs[1:]) or not _usable(sigs[0]):
+        return ()
+    return (sigs[0],)
 
 
 def for_method(name: str) -> tuple[inspect.Signature, ...]:

@@ -28,7 +28,8 @@ from fxrules.engine import fxaccess, guards
 from fxrules.engine.errors import ModelError
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
-from fxrules.engine.program import RBuilder, RCall, RLiteral, RNewModule, RReuse, RSeq, RValue
+from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat,
+                                   RValue, graph_constant)
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
 
@@ -333,7 +334,30 @@ class _ReplacementWriter:
         self.premade: dict = {}  # id(RCall) -> (module, reference module, base name)
         self.origin: Optional[tuple] = None  # (rule name, rule file:line) for the new nodes' meta
         self.kept: list[fx.Node] = []  # matched nodes the replacement uses as they are (matched_equal)
-        self.values: dict = {}  # id(RCall) -> its value from the dry run (guards.DryRun): new nodes' meta['val']
+        self.dry_values: dict = {}  # id(RCall) -> its value from the dry run (guards.DryRun): new nodes' meta['val']
+        self.computed: dict = {}  # id(RComputed) -> its value (compute_values)
+        self.shared: dict = {}  # name -> the node a replacement's `CALL as name` built
+
+    def compute_values(self) -> None:
+        """Evaluate the replacement's computed values (``{...}``), before modules are made and the graph
+        is touched, with the evaluator of ``where`` clauses (its allow-list and budget)."""
+        from fxrules.engine.conditions import Evaluator
+
+        for item, name in self.match.program.method_objects:
+            if name is None:  # forwarded arguments
+                args = self.match.roots[item.root_index].args
+                value, name = (args[0] if args else None), "the first argument of the matched node"
+            else:
+                value = self.env.captures.get(name)
+                name = "$" + name
+            if not isinstance(value, fx.Node):
+                raise TypeError(f"the replacement calls the method `{item.target}` on {name}, which this match "
+                                f"binds to {value!r}, not a graph value (the rule is wrong: write `call_function "
+                                f"torch.{item.target}(...)`, or a condition that it is a tensor)")
+        for item in self.match.program.computed:
+            evaluator = Evaluator(self.env.captures, self.env.names, self.work.module_of, self.work.attr_of,
+                                  item.aliases, item.resolver)
+            self.computed[id(item)] = graph_constant(evaluator.value(item.cond), item.span)
 
     def make_modules(self) -> Optional[str]:
         """Construct every module the replacement needs, before the graph is touched.
@@ -398,8 +422,25 @@ class _ReplacementWriter:
         if kind is RLiteral:
             return item.value
         if kind is RSeq:
-            return item.kind([self.value(i) for i in item.items])
+            return item.kind(self.values(item.items))
+        if kind is RComputed:
+            return self.computed[id(item)]
+        if kind is RShared:  # built once; its later uses (RRef) are this node
+            node = self.shared[item.name] = self.value(item.inner)
+            return node
+        if kind is RRef:
+            return self.shared[item.name]
         raise AssertionError(item)  # pragma: no cover
+
+    def values(self, items: tuple) -> list:
+        """The values of argument or list items, with ``*$xs`` (RSplat) spliced in."""
+        out: list = []
+        for i in items:
+            if type(i) is RSplat:
+                out.extend(self.env.captures[i.name])
+            else:
+                out.append(self.value(i))
+        return out
 
     def call(self, item: RCall) -> fx.Node:
         root = self.match.roots[item.root_index]
@@ -408,7 +449,7 @@ class _ReplacementWriter:
             args, kwargs = tuple(root.args), dict(root.kwargs)
         else:
             value = self.value
-            args = tuple([value(a) for a in item.args])
+            args = tuple(self.values(item.args))
             kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
             if item.rest and self.env.rest is not None:
                 args = args + tuple(self.env.rest[0])
@@ -425,7 +466,7 @@ class _ReplacementWriter:
         node = self.work.new_node(item.op, target, args, kwargs)
         self.work.created(node)
         self.inherit_meta(node, root)
-        value = self.values.get(id(item), _NOT_LOOKED_UP)
+        value = self.dry_values.get(id(item), _NOT_LOOKED_UP)
         if value is not _NOT_LOOKED_UP and not isinstance(value, guards.Unknown):
             node.meta["val"] = value
         self.created.append(node)
@@ -504,14 +545,15 @@ def prospect(work: Workpiece, match: Match) -> "tuple[_ReplacementWriter, tuple]
     contract guards (:func:`fxrules.engine.guards.check`). Returns the writer, ready to edit, with
     the metadata changes a ``[changes]`` rewrite makes; or the Refusal. The graph is not touched."""
     writer = _ReplacementWriter(work, match)
+    writer.compute_values()
     declined = writer.make_modules()
     if declined is not None:
         return Refusal(RefusalCode.BUILDER_DECLINED, declined, tuple(n.name for n in match.roots))
     modules = {key: made[0] for key, made in writer.premade.items()}
     values = None
     if work.has_values:
-        values = guards.DryRun(work, match, modules).run()
-        writer.values = values.made
+        values = guards.DryRun(work, match, modules, writer.computed).run()
+        writer.dry_values = values.made
         work.notes.extend(values.notes)
     decided = guards.check(work, match, modules, values)
     if isinstance(decided, Refusal):

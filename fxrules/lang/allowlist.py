@@ -167,8 +167,11 @@ PYTHON_ROOTS = ("builtins", "operator", "math")
 
 
 def _literal_only(expr: object) -> bool:
-    """An expression made of literals, constants and calls on them only: its value is the rule file's alone."""
-    if isinstance(expr, (A.Literal, A.Name)):
+    """An expression made of literals, constants and calls on them only: its value is the rule file's alone.
+    A computed value (``{...}``) counts as one: the rule file can make it as large as the condition budget."""
+    if isinstance(expr, A.Name):
+        return len(expr.dotted.parts) > 1  # a constant; one part names a node (`as`)
+    if isinstance(expr, (A.Literal, A.Computed)):
         return True
     if isinstance(expr, (A.ListExpr, A.TupleExpr)):
         return all(_literal_only(item) for item in expr.items)

@@ -136,6 +136,15 @@ class Ellipsis_:
 
 
 @dataclass(frozen=True, slots=True)
+class Variadic:
+    """``*$xs`` as the last positional argument or list item: in a pattern, binds the rest (any
+    number, as a tuple); in a replacement, splices what it bound."""
+
+    name: str  # without the ``$``
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
 class Keyword:
     """``name=value`` in an argument list or an attribute block."""
 
@@ -193,7 +202,29 @@ class Bind:
     span: Span = _span()
 
 
-Expr = Union[Capture, Wildcard, Literal, Name, ListExpr, TupleExpr, Ellipsis_, Call, GetAttr, Alt, Bind]
+@dataclass(frozen=True, slots=True)
+class PatternUse:
+    """``matmul($a, $b)``: a use of the named pattern ``matmul`` (a :class:`PatternDef`), its
+    parameters given by the arguments, which are patterns. Patterns only; the checker expands it."""
+
+    name: str
+    args: tuple["Expr", ...]
+    kwargs: tuple[Keyword, ...] = ()  # always refused by the checker (parameters are positional)
+    span: Span = _span()
+    name_span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """``{max($lo, 0)}``: a value a replacement computes from the match, in the condition language
+    (the same allow-list and evaluator as ``where``), when the rewrite is made. Replacements only."""
+
+    cond: "Cond"
+    span: Span = _span()
+
+
+Expr = Union[Capture, Wildcard, Literal, Name, ListExpr, TupleExpr, Ellipsis_, Call, GetAttr, Alt, Bind, PatternUse,
+             Computed, Variadic]
 
 
 # ---------------------------------------------------------------------------
@@ -371,7 +402,30 @@ class DefaultContract:
     span: Span = _span()
 
 
-Item = Union[Use, DefaultContract, Rule, Example]  # an Example item: one with no rule above it (an error)
+@dataclass(frozen=True, slots=True)
+class UseFile:
+    """``use "attention.fxr"``: the named patterns of another rule file, for the patterns below.
+
+    ``path`` as written: relative, under the directory of the file that uses it."""
+
+    path: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True, slots=True)
+class PatternDef:
+    """``pattern matmul($a, $b) = BODY``: a named pattern with parameters, usable in the patterns
+    after it (and in files that ``use`` this one) as ``matmul(PATTERN, PATTERN)``."""
+
+    name: str
+    params: tuple[str, ...]  # capture names, without the ``$``
+    body: Expr
+    span: Span = _span()
+    name_span: Span = _span()
+    param_spans: tuple[Span, ...] = field(default=(), compare=False, repr=False)
+
+
+Item = Union[Use, UseFile, PatternDef, DefaultContract, Rule, Example]  # an Example item: one with no rule above it (an error)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,10 @@ CODES: dict[str, str] = {
     "random-state": "an [exact] or [approx] replacement calls a random-number op its pattern does not",
     "device-move": "a replacement names a device (a device string, `device=`, `.cpu()`, `pin_memory`) its pattern "
                    "does not",
+    # named patterns
+    "unknown-pattern": "a pattern uses `NAME(...)`, but no named pattern NAME is defined above it or used",
+    "duplicate-pattern": "two named patterns a file sees have the same name",
+    "bad-use": "a `use \"file.fxr\"` line whose file cannot be read, escapes the directory, or has errors",
     # examples
     "misplaced-example": "an `example` line that does not follow a rule",
     "bad-example": "an example model that cannot be built (undeclared input, wildcard, unknown dtype...)",

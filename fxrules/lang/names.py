@@ -42,6 +42,12 @@ CONDITION_FUNCTIONS: Mapping[str, Any] = {
 }
 """Pure builtins conditions may call by bare name, e.g. ``len($x.shape) == 2``."""
 
+USER_FUNCTIONS = frozenset({"users", "user_targets", "used_only_by"})
+"""Condition functions over a matched node's users (its first argument: a capture or an ``as`` name
+bound to a node): ``users($x)`` how many nodes use it, ``user_targets($x)`` their targets (a function,
+a method name, a module class, or ``"output"``), ``used_only_by($x, T, ...)`` whether every user's
+target is one of ``T``. Implemented in :mod:`fxrules.engine.conditions`."""
+
 ALLOWED_ROOTS = frozenset({"torch", "operator", "math", "builtins", "fxrules"})
 """Top-level modules a rule file may name without the user allowing more."""
 

@@ -544,7 +544,7 @@ _WORDS = {
     "EQUAL": "`=`", "LPAR": "`(`", "RPAR": "`)`", "LSQB": "`[`", "RSQB": "`]`", "LBRACE": "`{`",
     "RBRACE": "`}`", "EQEQ": "`==`", "NOTEQ": "`!=`", "LE": "`<=`", "GE": "`>=`", "LT": "`<`", "GT": "`>`",
     "PLUS": "`+`", "MINUS": "`-`", "STAR": "`*`", "SLASH": "`/`", "DSLASH": "`//`", "PERCENT": "`%`",
-    "RULE": "`rule`", "USE": "`use`", "AS": "`as`", "DEFAULT": "`default`", "WHERE": "`where`",
+    "RULE": "`rule`", "USE": "`use`", "PATTERN": "`pattern`", "AS": "`as`", "DEFAULT": "`default`", "WHERE": "`where`",
     "EXAMPLE": "`example`", "GIVEN": "`given`",
     "NOT": "`not`", "AND": "`and`", "OR": "`or`", "IN": "`in`", "TRUE": "`True`", "FALSE": "`False`",
     "NONE": "`None`", "CALL_FUNCTION": "`call_function`", "CALL_METHOD": "`call_method`",
@@ -589,7 +589,9 @@ def _expectation(expected: set[str], previous: Optional[lark.Token]) -> str:
     if prev == "RULE":
         return "expected the rule's name after `rule`"
     if prev == "USE":
-        return "expected a dotted module path after `use`"
+        return "expected a dotted module path (`use torch.nn as nn`) or a rule file (`use \"ops.fxr\"`) after `use`"
+    if prev == "PATTERN":
+        return "expected the pattern's name after `pattern`, as in `pattern matmul($a, $b) = ...`"
     if prev == "AS":
         return "expected a name after `as`"
     if prev == "DEFAULT":

@@ -104,6 +104,10 @@ def print_item(item: A.Item) -> str:
         return f"use {item.path.text} as {item.alias}"
     if isinstance(item, A.DefaultContract):
         return f"default {_contract(item.contract)}"
+    if isinstance(item, A.UseFile):
+        return f"use {string_literal(item.path)}"
+    if isinstance(item, A.PatternDef):
+        return print_pattern_def(item)
     if isinstance(item, A.Rule):
         return print_rule(item)
     if isinstance(item, A.Example):
@@ -137,6 +141,16 @@ def print_rule(rule: A.Rule) -> str:
         replacements = "-> " + ", ".join(print_expr_wrapped(r, INDENT) for r in rule.replacements)
     lines = [header + ":", patterns, *wheres, replacements]
     return ("\n" + INDENT).join(lines + [print_example(e, INDENT) for e in rule.examples])
+
+
+def print_pattern_def(definition: A.PatternDef) -> str:
+    """``pattern NAME($a, ...) = BODY`` on one line, or with its body broken inside brackets
+    when longer than :data:`WIDTH` (an alternation prints in parentheses, so it may wrap)."""
+    head = f"pattern {definition.name}({', '.join('$' + p for p in definition.params)}) = "
+    body = print_expr(definition.body)
+    if len(head) + len(body) > WIDTH:
+        body = print_expr_wrapped(definition.body, "")
+    return head + body
 
 
 def print_example(example: A.Example, indent: str = "") -> str:
@@ -283,6 +297,8 @@ def _expand_expr(node: object, context: int) -> list:
             return [dotted.text]
         case A.Ellipsis_():
             return ["..."]
+        case A.Variadic(name=name):
+            return ["*$" + name]
         case A.Keyword(name=name, value=value):
             return [name + "=", (value, _ANY)]
         case A.ListExpr(items=items):
@@ -303,6 +319,10 @@ def _expand_expr(node: object, context: int) -> list:
             return [node.text]
         case A.Call():
             return _expand_call(node)
+        case A.Computed(cond=cond):
+            return ["{" + print_cond(cond) + "}"]
+        case A.PatternUse(name=name, args=args, kwargs=kwargs):
+            return [name + "(", *_joined((*args, *kwargs), _ANY), ")"]
     raise TypeError(f"not a pattern expression: {node!r}")
 
 

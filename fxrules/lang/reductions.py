@@ -208,6 +208,15 @@ class Reductions:
     def r_use_decl(self, ch: list) -> A.Use:  # USE dotted AS NAME
         return A.Use(ch[1], ch[3].group(), self._tokens_span(ch[0], ch[3]))
 
+    def r_use_file(self, ch: list) -> A.UseFile:  # USE STRING
+        return A.UseFile(self._string(ch[1]), self._tokens_span(ch[0], ch[1]))
+
+    def r_pattern_def(self, ch: list) -> A.PatternDef:  # PATTERN NAME LPAR (CAPTURE (COMMA CAPTURE)* COMMA?)? RPAR EQUAL expr
+        params = [token for token in ch[3:-3] if token is not None]  # separators shift None
+        return A.PatternDef(ch[1].group(), tuple(token.group()[1:] for token in params), ch[-1],
+                            self._span(ch[0], ch[-1]), self._token_span(ch[1]),
+                            tuple(self._token_span(token) for token in params))
+
     def r_default_decl(self, ch: list) -> A.DefaultContract:  # DEFAULT contract
         return A.DefaultContract(ch[1], self._span(ch[0], ch[1]))
 
@@ -294,6 +303,14 @@ class Reductions:
     def r_name(self, ch: list) -> A.Name:  # dotted
         return A.Name(ch[0], ch[0].span)
 
+    def r_pattern_use(self, ch: list) -> A.PatternUse:  # NAME arglist
+        arguments = ch[1]
+        return A.PatternUse(ch[0].group(), arguments.args, arguments.kwargs,
+                            self._tokens_span(ch[0], arguments.end), self._token_span(ch[0]))
+
+    def r_computed(self, ch: list) -> A.Computed:  # LBRACE cond RBRACE
+        return A.Computed(ch[1], self._tokens_span(ch[0], ch[2]))
+
     def r_group(self, ch: list) -> A.Expr:  # LPAR expr RPAR
         inner = ch[1]
         self.parenthesized[id(inner)] = (inner, self._span(ch[0], ch[2]))
@@ -338,6 +355,9 @@ class Reductions:
             target = A.Capture(target.group()[1:], span) if target.lastgroup == "CAPTURE" else A.Wildcard(span)
             return A.GetAttr(target, self._tokens_span(ch[0], ch[1]))
         return A.GetAttr(target, self._span(ch[0], target))
+
+    def r_variadic(self, ch: list) -> A.Variadic:  # STAR CAPTURE
+        return A.Variadic(ch[1].group()[1:], self._tokens_span(ch[0], ch[1]))
 
     def r_ellipsis(self, ch: list) -> A.Ellipsis_:  # ELLIPSIS
         return A.Ellipsis_(self._token_span(ch[0]))

@@ -24,6 +24,12 @@ class CheckedRule:
     ast: A.Rule
     aliases: Mapping[str, str]
     index: int = 0  # position in its rule set: the priority of its matches (lower first)
+    expanded: Optional[tuple] = None  # the pattern roots with named patterns expanded (None: it uses none)
+
+    @property
+    def pattern_roots(self) -> tuple:
+        """The pattern roots the engine compiles: the AST's, with any named pattern expanded."""
+        return self.ast.patterns if self.expanded is None else self.expanded
 
     @property
     def span(self) -> A.Span:

@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 from torch import fx, nn
 
 from fxrules.engine import fxaccess
-from fxrules.engine.program import PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, PRef, PSeq, PWildcard
+from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, PRef, PSeq, PVariadic,
+                                   PWildcard)
 from fxrules.verifier.samplers import TENSOR_KINDS, Catalogue, OpSampler, Param, describe_target
 
 TENSOR = Param("input", "tensor")
@@ -71,6 +72,8 @@ def missing_samplers(roots: tuple, catalogue: Catalogue) -> list[str]:
                     visit(value)
         elif isinstance(p, PGetAttr) and p.capture is None:
             missing.append(f"get_attr {p.qualname} (a fixed attribute path)")
+        elif isinstance(p, PVariadic):
+            missing.append(f"*${p.name} (a variadic capture: hosts hold fixed argument lists)")
         elif isinstance(p, (PSeq, PAlt)):
             for item in (p.items if isinstance(p, PSeq) else p.options):
                 visit(item)

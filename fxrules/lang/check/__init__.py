@@ -21,6 +21,8 @@ One module per thing checked, all reporting into one :class:`~fxrules.lang.check
   call_method names exist on ``torch.Tensor``, module types are ``nn.Module`` subclasses,
   attribute constraints and constructor arguments are parameters of the module's constructor,
   builders are callables; all under the import policy of :mod:`fxrules.lang.names`;
+* ``named``: named patterns (``pattern NAME($a) = ...``): their bodies, the files ``use "FILE"``
+  reads them from, and their expansion into the patterns of the rules that use them;
 * ``calls``: argument lists and attribute blocks (no keyword given twice, by name; ``...`` last).
 """
 

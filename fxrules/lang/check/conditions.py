@@ -15,7 +15,7 @@ from fxrules.lang.check.reporter import Reporter, did_you_mean
 from fxrules.lang.check.scope import Bindings, report_unbound_capture
 from fxrules.lang import allowlist
 from fxrules.lang.check.targets import NEVER_CREATED, Targets
-from fxrules.lang.names import CONDITION_FUNCTIONS, PREDICATE_NAMES, expand
+from fxrules.lang.names import CONDITION_FUNCTIONS, PREDICATE_NAMES, USER_FUNCTIONS, expand
 
 CONDITION_FUNCTION_NAMES = frozenset(CONDITION_FUNCTIONS)
 """The pure builtins a condition may call by bare name."""
@@ -79,6 +79,15 @@ class _ConditionWalk:
             else:
                 self.unknown_name(A.CName(chain[0], cond.span))
             return
+        if isinstance(cond.value, A.CName) and cond.attr not in CAPTURE_ATTRIBUTES \
+                and not _names_module(self.bindings.names[cond.value.name]):
+            self.reporter.error(cond.span, "unknown-attribute",
+                                f"`{cond.value.name}` names a node that is not a call_module, so it has no "
+                                f"attribute `{cond.attr}`",
+                                notes=[f"a node exposes its tensor metadata: {', '.join(sorted(CAPTURE_ATTRIBUTES))}; "
+                                       f"a call_module node its module's attributes; users(), user_targets() and "
+                                       f"used_only_by() describe its users"])
+            return
         if isinstance(cond.value, A.CCapture) and cond.attr not in CAPTURE_ATTRIBUTES:
             self.reporter.error(cond.span, "unknown-attribute", f"a capture has no attribute `{cond.attr}`",
                                 notes=[f"captures expose: {', '.join(sorted(CAPTURE_ATTRIBUTES))}"])
@@ -106,7 +115,7 @@ class _ConditionWalk:
 
     def unknown_name(self, cond: A.CName) -> None:
         names = self.bindings.names
-        if cond.name in PREDICATE_NAMES or cond.name in CONDITION_FUNCTIONS:
+        if cond.name in PREDICATE_NAMES or cond.name in CONDITION_FUNCTIONS or cond.name in USER_FUNCTIONS:
             self.reporter.error(cond.span, "unknown-name",
                                 f"`{cond.name}` is a function; call it, as in `{cond.name}($x)`")
             return
@@ -116,6 +125,19 @@ class _ConditionWalk:
         self.reporter.error(cond.span, "unknown-name",
                             f"the condition uses `{cond.name}`, which is not bound or known", notes=notes)
 
+    def user_function(self, cond: A.CCall) -> None:
+        """``users($x)``, ``user_targets(name)``, ``used_only_by($x, T, ...)``: about a matched node, so
+        the first argument is a capture or an ``as`` name; ``used_only_by`` needs at least one target."""
+        name = cond.func.name
+        first = cond.args[0] if cond.args else None
+        wanted = 1 if name != "used_only_by" else 2
+        if not isinstance(first, (A.CCapture, A.CName)) or (len(cond.args) < wanted) or (
+                name != "used_only_by" and len(cond.args) != 1):
+            form = f"{name}($x)" if name != "used_only_by" else f"{name}($x, torch.relu, \"transpose\")"
+            self.reporter.error(cond.span, "unknown-predicate", f"`{name}` takes a capture or a name bound with "
+                                                                 f"`as`{', then targets' if wanted == 2 else ''}",
+                                notes=[f"write `{form}`"])
+
     def call(self, cond: A.CCall) -> None:
         """A call: a predicate or pure builtin by bare name, a metadata method of a capture
         (``$x.is_contiguous()``), or a function by dotted path."""
@@ -124,6 +146,9 @@ class _ConditionWalk:
         func = cond.func
         if isinstance(func, A.CName):
             if func.name in PREDICATE_NAMES or func.name in CONDITION_FUNCTIONS:
+                return
+            if func.name in USER_FUNCTIONS:
+                self.user_function(cond)
                 return
             self.reporter.error(func.span, "unknown-predicate", f"`{func.name}` is not a built-in predicate",
                                 notes=[f"built-in predicates: {', '.join(sorted(PREDICATE_NAMES))}",
@@ -169,3 +194,16 @@ def _rooted_at_name(cond: A.Cond) -> bool:
     while isinstance(cond, (A.CAttr, A.CIndex)):
         cond = cond.value
     return isinstance(cond, A.CName)
+
+
+def _names_module(expr: A.Expr) -> bool:
+    """Whether a name bound with ``as`` to ``expr`` may have attributes beyond tensor metadata: a
+    matched module (a call_module, or an alternation with one among its options), or a parameter
+    (a ``get_attr``, whose value is the tensor itself)."""
+    while isinstance(expr, A.Bind):
+        expr = expr.expr
+    if isinstance(expr, A.Call):
+        return expr.op == "call_module"
+    if isinstance(expr, A.Alt):
+        return any(_names_module(option) for option in expr.options)
+    return isinstance(expr, (A.GetAttr, A.PatternUse))  # not known here (an unknown named pattern was reported)

@@ -29,7 +29,9 @@ EXAMPLE_DEVICES = frozenset({"cpu"})
 
 _INT64 = range(-(1 << 63), 1 << 63)
 
-_NOT_IN_AN_EXAMPLE = {A.Wildcard: "`_`", A.Alt: "an alternation `|`", A.Bind: "`as`", A.Ellipsis_: "`...`"}
+_NOT_IN_AN_EXAMPLE = {A.Wildcard: "`_`", A.Alt: "an alternation `|`", A.Bind: "`as`", A.Ellipsis_: "`...`",
+                      A.PatternUse: "a named pattern", A.Computed: "a computed value `{...}`",
+                      A.Variadic: "`*$xs`"}
 """Pattern constructs, which an example (one concrete model) cannot have."""
 _PATTERN_ONLY = tuple(_NOT_IN_AN_EXAMPLE)
 

@@ -10,9 +10,10 @@ the pattern; and it introduces no literal size over the budget, no random number
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fxrules.lang.ast as A
+from fxrules.lang.check.conditions import check_conditions
 from fxrules.lang.check.calls import attribute_values, check_argument_list, check_duplicate_keywords
 from fxrules.lang.check.introduced import PatternFacts, callee, check_devices, check_literal_sizes, check_random
 from fxrules.lang.check.reporter import Reporter
@@ -41,6 +42,11 @@ def check_replacements(reporter: Reporter, targets: Targets, bindings: Bindings,
     walk = _ReplacementWalk(reporter, targets, bindings, PatternFacts.of(patterns, targets.aliases), contract)
     for root in roots:
         walk.replacement(root, root=True)
+    for name, (span, used) in walk.shared.items():
+        if not used:
+            reporter.error(span, "bad-replacement", f"the replacement names a node `{name}` with `as` but never uses it",
+                           notes=["`as` in a replacement names a node built once and used by several of its parts: "
+                                  f"write `{name}` where it is used again"])
 
 
 @dataclass(slots=True)  # a worker, made for each rule: a frozen dataclass costs three times as much to make
@@ -50,6 +56,7 @@ class _ReplacementWalk:
     bindings: Bindings
     pattern: PatternFacts
     contract: str
+    shared: dict = field(default_factory=dict)  # name bound with `as` in the replacement -> [span, used]
 
     def replacement(self, expr: A.Expr, *, root: bool) -> None:
         if isinstance(expr, A.Call):  # the most common first (the kinds are disjoint: the order is only speed)
@@ -66,7 +73,9 @@ class _ReplacementWalk:
                                     notes=["a replacement root is an operation or a value the pattern binds"])
         elif isinstance(expr, A.Name):
             if len(expr.dotted.parts) == 1:
-                if expr.dotted.parts[0] not in self.bindings.names:
+                if expr.dotted.parts[0] in self.shared:
+                    self.shared[expr.dotted.parts[0]][1] = True
+                elif expr.dotted.parts[0] not in self.bindings.names:
                     report_unbound_name(self.reporter, expr.dotted.parts[0], expr.span, self.bindings)
             elif root:
                 self.reporter.error(expr.span, "bad-replacement", "a node cannot be replaced by a constant")
@@ -79,7 +88,7 @@ class _ReplacementWalk:
                 if isinstance(item, A.Ellipsis_):
                     self.reporter.error(item.span, "ellipsis-misuse", "`...` may only end an argument list")
                 else:
-                    self.replacement(item, root=False)
+                    self.item(item)
         elif isinstance(expr, A.Ellipsis_):
             self.reporter.error(expr.span, "ellipsis-misuse", "`...` may only end an argument list")
         elif isinstance(expr, A.GetAttr):
@@ -92,8 +101,18 @@ class _ReplacementWalk:
         elif isinstance(expr, A.Alt):
             self.reporter.error(expr.span, "bad-replacement", "an alternation `|` can only appear in a pattern")
         elif isinstance(expr, A.Bind):
-            self.reporter.error(expr.span, "bad-replacement", "`as` can only name nodes of the pattern")
-            self.replacement(expr.expr, root=root)
+            self.shared_node(expr, root=root)
+        elif isinstance(expr, A.Variadic):
+            self.reporter.error(expr.span, "bad-replacement", f"`*${expr.name}` splices items: it may appear only "
+                                                              "among positional arguments or list items")
+        elif isinstance(expr, A.Computed):
+            if root:
+                self.reporter.error(expr.span, "bad-replacement", "a node cannot be replaced by a computed value",
+                                    notes=["a computed value is an argument or a constructor argument"])
+            check_conditions(self.reporter, self.targets, self.bindings, (expr.cond,))
+        elif isinstance(expr, A.PatternUse):
+            self.reporter.error(expr.span, "bad-replacement", f"`{expr.name}(...)` uses a named pattern, which "
+                                                              "can only be matched, not built")
 
     def call(self, call: A.Call, *, root: bool) -> None:
         if call.args is None and not root:
@@ -106,6 +125,7 @@ class _ReplacementWalk:
             self.targets.literal_call(call, Position.REPLACEMENT)
         elif call.op == "call_method":
             self.targets.method_target(call.target, Position.REPLACEMENT)  # the allow-list refuses dunder methods
+            self.method_object(call)
         elif call.builder_args is not None:
             self.builder_call(call)
         elif len(call.target.parts) == 1 and call.target.parts[0] in self.bindings.names:
@@ -117,7 +137,7 @@ class _ReplacementWalk:
             check_argument_list(self.reporter, call, "bad-replacement")
             for arg in call.args:
                 if not isinstance(arg, A.Ellipsis_):
-                    self.replacement(arg, root=False)
+                    self.item(arg)
             for keyword in call.kwargs:
                 self.replacement(keyword.value, root=False)
 
@@ -129,6 +149,46 @@ class _ReplacementWalk:
             check_literal_sizes(self.reporter, call, found)
             check_random(self.reporter, call, found, self.contract, self.pattern)
         check_devices(self.reporter, call, found, self.pattern)
+
+    def item(self, expr: A.Expr) -> None:
+        """A positional argument or list item: ``*$xs`` splices what the pattern's ``*$xs`` bound."""
+        if isinstance(expr, A.Variadic):
+            if expr.name not in self.bindings.captures:
+                report_unbound_capture(self.reporter, expr.name, expr.span, self.bindings, "the replacement")
+            elif expr.name not in self.bindings.variadics:
+                self.reporter.error(expr.span, "bad-replacement", f"`*${expr.name}` splices a list, but the pattern "
+                                                                  f"binds `${expr.name}` to one value",
+                                    notes=[f"bind it with `*${expr.name}` in the pattern"])
+        else:
+            self.replacement(expr, root=False)
+
+    def shared_node(self, expr: A.Bind, *, root: bool) -> None:
+        """``CALL as name``: a node built once, which the replacement's later parts (its other roots
+        above all) use by ``name``. The name is new, and it names a call with arguments."""
+        self.replacement(expr.expr, root=root)
+        if not isinstance(expr.expr, A.Call) or expr.expr.args is None:
+            self.reporter.error(expr.span, "bad-replacement", "`as` in a replacement names a call it builds, "
+                                                              "as in `call_function torch.split($x, 2) as s`")
+        elif expr.name in self.bindings.names:
+            self.reporter.error(expr.span, "bad-replacement", f"`{expr.name}` already names a node of the pattern")
+        elif expr.name in self.shared:
+            self.reporter.error(expr.span, "duplicate-binding", f"`{expr.name}` is already bound in this replacement",
+                                notes=[f"first bound at {self.shared[expr.name][0]}"])
+        else:
+            self.shared[expr.name] = [expr.span, False]
+
+    def method_object(self, call: A.Call) -> None:
+        """A method is called on a graph value: not on a literal, a constant, a list or a computed value,
+        whose generated code (``2.neg()``) would not compile (issue 19). A capture is checked when the
+        rule is applied (it may bind a literal)."""
+        if not call.args or isinstance(call.args[0], (A.Capture, A.Call, A.GetAttr, A.Ellipsis_)):
+            return
+        if isinstance(call.args[0], A.Name) and len(call.args[0].dotted.parts) == 1:
+            return  # a node named with `as`
+        self.reporter.error(call.args[0].span, "bad-replacement",
+                            f"`call_method {call.target.text}` is called on this value, which is not a graph value",
+                            notes=[f"a method needs a tensor the graph computes; write `call_function "
+                                   f"torch.{call.target.text}(...)` instead"])
 
     def function_call(self, target: A.Dotted) -> None:
         """A call_function target that resolves and is on the allow-list for replacements (which

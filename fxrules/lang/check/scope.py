@@ -50,6 +50,7 @@ class Bindings:
     captures: Mapping[str, A.Span]
     names: Mapping[str, A.Expr]
     ellipses: tuple[A.Span, ...]
+    variadics: frozenset[str] = frozenset()  # captures bound by `*$xs` (to a list): what `*$xs` may splice
 
 
 def report_unbound_name(reporter: Reporter, name: str, span: A.Span, bindings: Bindings) -> None:
