@@ -555,7 +555,8 @@ def test_explain_unknown_rule(runs, work):
 
 ERRORS = {
     "no_module": "fxrules: error: cannot import no_such_pkg_xyz.models: ModuleNotFoundError: No module named "
-                 "'no_such_pkg_xyz'",
+                 "'no_such_pkg_xyz' (models are imported from the working directory and the python-path folders "
+                 "of [tool.fxrules]; run from the project's root or set python-path)",
     "no_attribute": "fxrules: error: cli_light has no attribute 'nope'",
     "bad_spec": "fxrules: error: --model must look like PKG.MODULE:FACTORY, got 'cli_light'",
     "factory_raises": "fxrules: error: cli_light:raises() raised RuntimeError: boom",
