@@ -12,11 +12,14 @@ limit raised).
 from __future__ import annotations
 
 import os
+import re
 import warnings
+from dataclasses import replace
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import fxrules.lang.ast as A
 from fxrules.lang.check import check_duplicates, check_file
+from fxrules.lang.check.reporter import closest
 from fxrules.lang.config import Config, ConfigLike, configs_for, merged_allow_imports
 from fxrules.lang.diagnostics import ERROR, Diagnostic, RuleFileError
 from fxrules.lang.names import Resolver
@@ -33,6 +36,69 @@ def parse_source(source: Source) -> A.RuleFile:
     return parse(source)
 
 
+RECOVERABLE = frozenset({"unexpected-token", "unexpected-end", "invalid-character", "unterminated-string"})
+"""Syntax errors after which the rest of the file is still worth checking."""
+
+MAX_SYNTAX_ERRORS = 20
+
+
+def parse_recovering(source: Source) -> tuple[Optional[A.RuleFile], list[Diagnostic]]:
+    """Text to AST, going on past syntax errors: each is reported, the top-level statement holding it
+    (from its unindented first line to the next unindented line) is blanked, keeping every line where it
+    was, and the text is parsed again; so a typo in one rule does not hide the errors of the others.
+
+    Returns the AST of what parsed (None when nothing did) and the syntax diagnostics, at most
+    :data:`MAX_SYNTAX_ERRORS`. Errors about the file as a whole (too deep, too large) stop at the first.
+    """
+    diagnostics: list[Diagnostic] = []
+    text = source.text
+    while True:
+        try:
+            return parse(Source(source.path, text)), diagnostics
+        except RuleFileError as exc:
+            found = [_with_opcode_hint(d, text) for d in exc.diagnostics]
+            diagnostics.extend(found)
+            if len(diagnostics) >= MAX_SYNTAX_ERRORS or any(d.code not in RECOVERABLE for d in found):
+                return None, diagnostics
+            blanked = _blank_statement(text, found[0].line)
+            if blanked == text:
+                return None, diagnostics
+            text = blanked
+
+
+def _blank_statement(text: str, line: int) -> str:
+    """``text`` with the top-level statement holding ``line`` (1-based) replaced by empty lines."""
+    lines = text.split("\n")
+    index = min(max(line, 1), len(lines)) - 1
+    start = index
+    while start > 0 and not _starts_statement(lines[start]):
+        start -= 1
+    end = index + 1
+    while end < len(lines) and not _starts_statement(lines[end]):
+        end += 1
+    return "\n".join(lines[:start] + [""] * (end - start) + lines[end:])
+
+
+def _starts_statement(line: str) -> bool:
+    return bool(line.strip()) and not line[0].isspace() and not line.startswith("#")
+
+
+def _with_opcode_hint(diagnostic: Diagnostic, text: str) -> Diagnostic:
+    """A syntax error right after a misspelt opcode (``call_methd relu($x)``) gets "did you mean"."""
+    if diagnostic.code != "unexpected-token" or diagnostic.line < 1:
+        return diagnostic
+    lines = text.split("\n")
+    if diagnostic.line > len(lines):
+        return diagnostic
+    before = re.search(r"([A-Za-z_][A-Za-z_0-9]*)\s*$", lines[diagnostic.line - 1][: diagnostic.column - 1])
+    if before is None or before[1] in A.OPCODES:
+        return diagnostic
+    close = closest(before[1], A.OPCODES)
+    if close is None:
+        return diagnostic
+    return replace(diagnostic, notes=(*diagnostic.notes, f"`{before[1]}` is not an opcode: did you mean `{close}`?"))
+
+
 def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, list[Diagnostic]]:
     """Check sources; returns the rules that are free of errors and every diagnostic."""
     diagnostics: list[Diagnostic] = []
@@ -42,7 +108,10 @@ def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, lis
     for source in sources:
         texts[source.path] = source.text
         try:
-            rule_file = parse_source(source)
+            rule_file, syntax = parse_recovering(source)
+            diagnostics.extend(syntax)
+            if rule_file is None:
+                continue
             checked, found = check_file(rule_file, resolver)
         except RuleFileError as exc:
             diagnostics.extend(exc.diagnostics)

@@ -841,7 +841,17 @@ def _api_errors() -> Iterator[None]:
     except ModelError as exc:
         raise _UsageError(_cli_hint(_first_line(exc))) from None
     except FxrulesError as exc:
-        raise _Failure(f"fxrules: {_cli_hint(str(exc))}", EXIT_PROBLEMS) from None
+        raise _Failure(f"fxrules: {_cli_hint(_first_line(exc))}{_node_origin(exc)}", EXIT_PROBLEMS) from None
+
+
+def _node_origin(exc: BaseException) -> str:
+    """Where the failing node came from in the model's own code, on the same line: the error stays one
+    line (the full stack trace, torch's frames included, is the API's, on ``exc.stack_trace``)."""
+    frames = _user_frames(getattr(exc, "stack_trace", None))
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (%{getattr(exc, 'node', '?')} comes from {frame['file']}:{frame['line']} in {frame['function']})"
 
 
 def _cli_hint(message: str) -> str:

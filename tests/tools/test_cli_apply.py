@@ -510,7 +510,7 @@ def test_explain_text_names_the_rule_position_and_the_model_line(runs, work):
     fold = str(work / "fold.fxr")
     # the condition `not bn.training` is false: its own line and column
     heads = re.findall(rf"^{re.escape(fold)}:3:11: rule `fold_conv2d_bn` did not match at %(\w+): "
-                       r"the pattern matched, but this condition is false$", out, re.M)
+                       r"the pattern matched, but the condition `not bn\.training` is false$", out, re.M)
     assert heads == ["bn", "layers_0_bn1", "layers_0_bn2", "layers_1_bn1", "layers_1_bn2", "layers_1_downsample_1"]
     assert FOLD.splitlines()[2][10:].startswith("not bn.training")
     # each near miss shows where its node came from in the model's code (torch internals left out)
