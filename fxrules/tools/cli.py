@@ -25,6 +25,7 @@ import json
 import os
 import re
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
@@ -476,12 +477,21 @@ def _apply(args: argparse.Namespace) -> int:
             paths, rules = _load_rule_set(args)
             bar.advance(note="loading the model")
             model = _load_model(args.model)
+            phases: dict[str, float] = {}
+
+            def on_phase(note: str) -> None:
+                phases.setdefault(note.split()[0], time.perf_counter())
+                bar.advance(note=note)
+
             with _api_errors():
+                _warm_up(rules)
                 found = fxrules.apply_and_compare(model, rules, example_inputs=_example_inputs(shapes),
                                                   export=args.export, keep_before=bool(args.diff or args.graph),
-                                                  on_phase=lambda note: bar.advance(note=note))
+                                                  on_phase=on_phase)
             bar.advance()
+            startup = phases.get("rewriting", time.perf_counter()) - getattr(args, "started", time.perf_counter())
             diff = _diff_part(args, found)
+            module_diff = _module_diff_part(args, found)
             out = _out_part(args, found, paths, shapes, bar)
             graph = _graph_part(args, found, model, bar)
     except _UsageError as exc:
@@ -491,10 +501,28 @@ def _apply(args: argparse.Namespace) -> int:
     for message in graph.messages:
         print(message, file=sys.stderr)
     if args.format == "json":
-        _print_json(_apply_json(args, found, paths, shapes, diff, out, graph))
+        _print_json({**_apply_json(args, found, paths, shapes, diff, out, graph),
+                     "module_diff": module_diff.json, "startup_seconds": round(startup, 6)})
     else:
-        print("\n".join(_apply_text(found) + [*diff.text, *out.text, *graph.text]))
+        print("\n".join(_apply_text(found) + [_timing_line(found, startup), *diff.text, *module_diff.text,
+                                               *out.text, *graph.text]))
     return EXIT_OK
+
+
+def _warm_up(rules) -> None:
+    """Pay the one-time costs (compiling the rules, torch's lazily imported shape propagation) on a
+    one-node graph, so the rewrite time reported is the rewrite's, not the process's start-up."""
+    import torch
+
+    import fxrules
+
+    fxrules.apply_rules(torch.fx.symbolic_trace(torch.nn.Identity()), rules, example_inputs=(torch.zeros(1),))
+
+
+def _timing_line(found, startup: float) -> str:
+    """Where the time went: the rewrite (the engine's, as the report says) apart from start-up."""
+    return (f"time: rewrite {found.result.report.seconds * 1000:.1f} ms; before it {startup:.2f} s of start-up "
+            f"(imports, loading the rules and the model, tracing, compiling the rules: once per process)")
 
 
 def _apply_json(args: argparse.Namespace, found, paths: list[str], shapes: list, diff: _Part, out: _Part,
@@ -523,6 +551,27 @@ def _diff_part(args: argparse.Namespace, found) -> _Part:
                               found.code_after.splitlines(keepends=True), "before", "after"))
     text = "".join(lines)
     return _Part(text, ("", text.rstrip("\n") if lines else "the code did not change"))
+
+
+def _module_diff_part(args: argparse.Namespace, found) -> _Part:
+    """--diff, second half: a unified diff of the module tree (types and constructor arguments)."""
+    if not args.diff:
+        return _Part()
+    from fxrules.tools.codediff import unified_diff
+
+    lines = list(unified_diff(_module_tree(found.before), _module_tree(found.module), "modules before",
+                              "modules after"))
+    text = "".join(lines)
+    return _Part(text, ("", text.rstrip("\n") if lines else "the modules did not change"))
+
+
+def _module_tree(module) -> list[str]:
+    """One line per submodule: its path, type and constructor arguments as ``extra_repr`` shows them, so a
+    module swapped for another type, or for the same type built differently (GELU() ->
+    GELU(approximate='tanh')), shows in the diff where the generated code only shows a call."""
+    if module is None:
+        return []
+    return [f"{name}: {type(sub).__name__}({sub.extra_repr()})\n" for name, sub in module.named_modules() if name]
 
 
 def _out_part(args: argparse.Namespace, found, paths: list[str], shapes: list, bar) -> _Part:
@@ -890,9 +939,11 @@ def _fail(exc: _Failure) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    started = time.perf_counter()
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
+        args.started = started
         if getattr(args, "run", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE

@@ -317,8 +317,9 @@ def test_apply_json_schema(runs, work):
     payload = json.loads(out)
     assert list(payload) == ["version", "command", "model", "rules", "exported", "inputs", "nodes_before",
                              "nodes_after", "seconds", "counts", "applied", "rejected", "notes",
-                             "max_abs_difference", "diff", "saved", "graph"]
+                             "max_abs_difference", "diff", "saved", "graph", "module_diff", "startup_seconds"]
     assert payload["version"] == 1 and payload["command"] == "apply"
+    assert payload["module_diff"].startswith("--- modules before\n") and payload["startup_seconds"] > 0
     assert payload["model"] == "fxrules.zoo:redundant" and payload["exported"] is False
     assert payload["inputs"] == [[2, 3, 16, 16]]
     if LIBRARY is not None:  # the family name resolved to the bundled directory
