@@ -85,7 +85,36 @@ def _build_parser() -> argparse.ArgumentParser:
     _explain_parser(commands)
     _fmt_parser(commands)
     _verify_parser(commands)
+    _test_parser(commands)
+    _new_parser(commands)
     return parser
+
+
+def _test_parser(commands) -> None:
+    test = commands.add_parser("test", help="run the rules' own examples only (fast; no random models)",
+                               description="Run every rule's `example:` lines: build each example model, apply "
+                                           "the rule, check the rewrite count and the contract. Exit 0 when every "
+                                           "example passes, 1 when one fails, 2 on usage errors.")
+    _rules_argument(test)
+    test.add_argument("--rule", action="append", default=None, metavar="NAME",
+                      help="test only the rule NAME (may be repeated)")
+    _format_argument(test)
+    _project_arguments(test)
+    _output_arguments(test)
+    test.set_defaults(run=_test)
+
+
+def _new_parser(commands) -> None:
+    new = commands.add_parser("new", help="scaffold a rule file with a doc string, a contract and examples",
+                              description="Write NAME.fxr (under rules/FAMILY/ when rules/ exists, else ./FAMILY/): "
+                                          "a rule that checks clean and passes `fxrules test`, to edit. Never "
+                                          "overwrites a file. Exit 0 when written, 2 otherwise.")
+    new.add_argument("name", metavar="NAME", help="the rule's name (letters, digits, _)")
+    new.add_argument("--family", default="", metavar="F",
+                     help="the family folder (cleanup, canonicalize, fold, swap, aten or your own); fold rules "
+                          "get [approx], swap rules [changes], others [exact]")
+    new.add_argument("--dir", default="", metavar="DIR", help="where families live (default: rules/ if it exists)")
+    new.set_defaults(run=_new)
 
 
 def _check_parser(commands) -> None:
@@ -448,6 +477,61 @@ def _split_source(source: str) -> tuple[str, int]:
     """``file:line`` -> (file, line); (source, 0) when it has no line."""
     head, sep, tail = source.rpartition(":")
     return (head, int(tail)) if sep and tail.isdigit() else (source, 0)
+
+
+# ---------------------------------------------------------------------------
+# test and new
+# ---------------------------------------------------------------------------
+
+
+def _test(args: argparse.Namespace) -> int:
+    from fxrules.verifier.driver import verify_examples
+
+    try:
+        paths, rule_set = _load_rule_set(args)
+        unknown = [name for name in args.rule or () if name not in rule_set]
+        if unknown:
+            raise _UsageError(f"no rule named {unknown[0]!r} in {', '.join(args.paths)}")
+    except _UsageError as exc:
+        return _usage(exc)
+    except _Failure as exc:
+        return _fail(exc)
+    names = list(args.rule or rule_set.names)
+    results = {name: verify_examples(rule_set, name) for name in names}
+    failed = {name: [o for o in outcomes if str(o.grade) != "validated"] for name, outcomes in results.items()}
+    bad = sum(len(v) for v in failed.values())
+    total = sum(len(v) for v in results.values())
+    untested = [name for name, outcomes in results.items() if not outcomes]
+    if args.format == "json":
+        _print_json({"version": 1, "command": "test", "ok": bad == 0, "examples": total, "failed": bad,
+                     "rules": [{"rule": name, "source": rule_set[name].source,
+                                "examples": [o.to_json() for o in outcomes]} for name, outcomes in results.items()]})
+        return EXIT_PROBLEMS if bad else EXIT_OK
+    for name, outcomes in results.items():
+        for outcome in failed[name]:
+            print(f"{outcome.location}: FAIL rule `{name}`: expected it to {outcome.expected}: {outcome.problem}")
+        if outcomes and not failed[name] and _verbosity(args) > 0:
+            print(f"{rule_set[name].source}: ok rule `{name}` ({_count(len(outcomes), 'example')})")
+    if _verbosity(args) >= 0:
+        summary = f"fxrules test: {_count(total, 'example')} of {_count(len(names), 'rule')}: "
+        summary += f"{bad} failed" if bad else "all passed"
+        if untested:
+            summary += f"; {_count(len(untested), 'rule')} without examples ({', '.join(untested[:5])}" \
+                       f"{', ...' if len(untested) > 5 else ''})"
+        print(summary, file=sys.stderr if bad else sys.stdout)
+    return EXIT_PROBLEMS if bad else EXIT_OK
+
+
+def _new(args: argparse.Namespace) -> int:
+    from fxrules.tools.scaffold import ScaffoldError, scaffold, write
+
+    try:
+        found = scaffold(args.name, args.family, args.dir)
+        write(found)
+    except ScaffoldError as exc:
+        return _usage(_UsageError(str(exc)))
+    print(f"wrote {found.path}; next: fxrules check {found.path} && fxrules test {found.path}")
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------
