@@ -56,7 +56,7 @@ def steps(document: Path) -> list[Step]:
 
 def _commands(body: str, line: int) -> list[Step]:
     found: list[Step] = []
-    command, output = None, []
+    command, output, start = None, [], 0
     for offset, text in enumerate(body.splitlines()):
         if text.startswith("$ "):
             if command is not None:
