@@ -87,7 +87,27 @@ def _build_parser() -> argparse.ArgumentParser:
     _verify_parser(commands)
     _test_parser(commands)
     _new_parser(commands)
+    _lsp_parser(commands)
     return parser
+
+
+def _lsp_parser(commands) -> None:
+    lsp = commands.add_parser("lsp", help="run the language server (LSP over stdio; for editors)",
+                              description="Speak the Language Server Protocol on standard input and output: "
+                                          "diagnostics as you type, hover, go to definition, formatting, "
+                                          "completion. Needs the lsp extra: pip install \"fxrules[lsp]\".")
+    lsp.set_defaults(run=_lsp)
+
+
+def _lsp(args: argparse.Namespace) -> int:
+    try:
+        import pygls  # noqa: F401
+    except ImportError:
+        return _usage(_UsageError('the language server needs pygls: pip install "fxrules[lsp]"'))
+    from fxrules.tools.lsp import serve
+
+    serve()
+    return EXIT_OK
 
 
 def _test_parser(commands) -> None:
