@@ -159,6 +159,10 @@ class Resolver:
             return Resolution("unavailable", path, message="torch is not installed")
         try:
             value: Any = importlib.import_module(root)
+        except ImportError as exc:  # a project's own builders import torch: without it, nothing can be said
+            if exc.name == "torch" and not torch_available():
+                return Resolution("unavailable", path, message="torch is not installed")
+            return Resolution("unknown-target", path, message=f"cannot import `{root}`: {exc}")
         except Exception as exc:  # an allowed module that fails to import
             return Resolution("unknown-target", path, message=f"cannot import `{root}`: {exc}")
         for i, part in enumerate(parts[1:], start=1):

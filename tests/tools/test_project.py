@@ -280,3 +280,31 @@ def test_the_repository_itself_checks_clean(monkeypatch, capsys):
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     assert main(["check"]) == 0
 
+
+
+def test_a_projects_own_builder_passes_the_torch_free_check(tmp_path):
+    """The pre-commit hook's environment has no torch: a rule naming the project's builder (whose module
+    imports torch) checks clean there, as names under torch do; with torch, the builder is checked."""
+    import subprocess
+
+    write(tmp_path, {
+        "pyproject.toml": '[tool.fxrules]\nallow-imports = ["mybuilders"]\npython-path = ["src"]\n',
+        "src/mybuilders.py": "import torch\n\ndef plain_relu(relu):\n    return torch.nn.ReLU()\n",
+        "rules/r.fxr": "rule r [exact]:\n    call_module ReLU($x) as r -> call_module mybuilders.plain_relu(r)($x)\n",
+    })
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "from fxrules.tools.cli import main\n"
+              "code = main(['check', 'rules/r.fxr'])\n"
+              "assert sys.modules['torch'] is None\n"
+              "sys.exit(code)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 file, 1 rule checked: no problems" in run.stdout
+    # a name the module lacks is still an error where torch is installed
+    (tmp_path / "rules" / "r.fxr").write_text(
+        "rule r [exact]:\n    call_module ReLU($x) as r -> call_module mybuilders.plain_relux(r)($x)\n")
+    run = subprocess.run([sys.executable, "-m", "fxrules", "check", "rules/r.fxr"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "error[unknown-builder]" in run.stdout
