@@ -217,6 +217,20 @@ def walk(directory: str, config: Config, extra: Optional[IgnoreRules] = None) ->
     return sorted(os.fspath(shown / os.path.relpath(p, top)) for p in found)
 
 
+def excluded(path: str, config: Config, extra: Optional[IgnoreRules] = None) -> bool:
+    """Whether the project's excludes (or ``extra``) name ``path`` or a folder above it (below the
+    configuration's folder): for ``--force-exclude``, where tools such as pre-commit name every file."""
+    full = os.path.abspath(path)
+    base = config.root if config.root and _within(full, config.root) else os.path.dirname(full)
+    layers = [IgnoreRules.parse(base, config.excludes), *([extra] if extra is not None else [])]
+    current, is_dir = full, False
+    while _within(current, base) and current != os.path.abspath(base):
+        if _ignored(current, is_dir, layers):
+            return True
+        current, is_dir = os.path.dirname(current), True
+    return False
+
+
 def _within(path: str, folder: str) -> bool:
     return os.path.commonpath([path, os.path.abspath(folder)]) == os.path.abspath(folder)
 

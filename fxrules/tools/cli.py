@@ -147,6 +147,9 @@ def _check_parser(commands) -> None:
     check.add_argument("--format", choices=("text", "json", "github", "sarif"), default="text",
                        help="text for people, json for machines, github for workflow annotations, sarif for "
                             "code scanning (SARIF 2.1.0)")
+    check.add_argument("--force-exclude", action="store_true",
+                       help="apply the excludes to files named explicitly too (for pre-commit, which names "
+                            "every changed file)")
     check.add_argument("--stdin-filename", metavar="PATH",
                        help="with -: the name diagnostics use for standard input (and where its project "
                             "configuration is found)")
@@ -352,7 +355,12 @@ def _check_inputs(args: argparse.Namespace) -> tuple[list[Source], list[Diagnost
     if args.stdin_filename:
         raise _UsageError("--stdin-filename needs - (standard input) as the path")
     found = _project(args, args.paths)
-    sources, diagnostics = read_sources(args.paths, found.configs, found.exclude)
+    paths = args.paths
+    if args.force_exclude:
+        from fxrules.lang.discover import excluded
+
+        paths = [p for p in paths if not (os.path.isfile(p) and excluded(p, found.configs[p], found.exclude))]
+    sources, diagnostics = read_sources(paths, found.configs, found.exclude)
     return sources, diagnostics, found.resolver
 
 

@@ -308,3 +308,16 @@ def test_a_projects_own_builder_passes_the_torch_free_check(tmp_path):
     run = subprocess.run([sys.executable, "-m", "fxrules", "check", "rules/r.fxr"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 1 and "error[unknown-builder]" in run.stdout
+
+
+def test_force_exclude_applies_excludes_to_files_named_explicitly(tmp_path, monkeypatch, capsys):
+    write(tmp_path, {"pyproject.toml": '[tool.fxrules]\nextend-exclude = ["fixtures", "one.fxr"]\n',
+                     "fixtures/deep/bad.fxr": BROKEN, "one.fxr": BROKEN, "ok.fxr": CLEAN})
+    monkeypatch.chdir(tmp_path)
+    named = ["fixtures/deep/bad.fxr", "one.fxr", "ok.fxr"]
+    assert main(["check", *named]) == 1
+    capsys.readouterr()
+    assert main(["check", "--force-exclude", *named]) == 0
+    assert "1 file, 1 rule checked: no problems" in capsys.readouterr().out
+    assert main(["check", "--force-exclude", "--exclude", "ok.fxr", "ok.fxr"]) == 0
+    assert "0 files" in capsys.readouterr().out
