@@ -12,6 +12,8 @@ from fxrules.api import (
     compare_outputs, explain, find_matches, load_rules, parse_rules,
 )
 from fxrules.errors import Diagnostic, FxrulesError, RuleFileError
+from fxrules.lang.config import Config, ConfigError
+from fxrules.lang.load import ConfigWarning
 from fxrules.lang.ruleset import CheckedRule, RuleSet
 
 __version__ = "0.1.0"
@@ -55,5 +57,5 @@ __all__ = [
     "RewriteResult", "RuleFileError", "RuleSet", "apply_rules", "explain", "find_matches", "load_rules",
     "parse_rules", "RulePass", "compile_backend", "load_saved", "verify", "VerifyReport", "Grade", "RefusalCode", "MissCode",
     "ApplyComparison", "Capture", "ComparisonError", "OutputDifference", "Timings", "apply_and_compare", "capture",
-    "compare_outputs",
+    "compare_outputs", "Config", "ConfigError", "ConfigWarning",
 ]

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 from fxrules.engine.errors import ComparisonError
-from fxrules.lang.load import as_rule_set, load_paths, load_sources
+from fxrules.lang.config import ConfigLike
+from fxrules.lang.load import as_rule_set, load_project, load_sources
 from fxrules.lang.names import Resolver
 from fxrules.lang.ruleset import RuleSet
 from fxrules.lang.runtime import entered
@@ -31,19 +32,27 @@ from fxrules.lang.source import Source
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def load_rules(*paths: PathLike, allow_imports: Iterable[str] = ()) -> RuleSet:
-    """Load and check rule files: each path is a ``.fxr`` file or a directory (all ``*.fxr`` under it, sorted).
+def load_rules(*paths: PathLike, allow_imports: Iterable[str] = (), config: ConfigLike = None) -> RuleSet:
+    """Load and check rule files: each path is a ``.fxr`` file or a directory (all ``*.fxr`` under it, sorted,
+    skipping excluded and gitignored folders: :mod:`fxrules.lang.discover`).
 
     Raises :class:`fxrules.RuleFileError` listing every problem found in every file.
     ``allow_imports`` names packages (beyond torch, operator, math and fxrules) whose
     modules rule files may name as targets, builders or predicates.
+
+    ``config``: the project configuration (:mod:`fxrules.lang.config`). None (the default) finds
+    each path's own, ``[tool.fxrules]`` in the nearest pyproject.toml or an fxrules.toml, from the
+    path upward, as ``fxrules check`` does; a ``fxrules.Config`` or the path of such a file applies
+    that one to every path. Its ``allow-imports`` add to ``allow_imports``; its ``python-path``
+    folders are put on ``sys.path``; unknown keys warn (:class:`fxrules.ConfigWarning`); a malformed
+    file raises :class:`fxrules.ConfigError`.
     """
     if not paths:
         raise TypeError("load_rules() needs at least one path")
     if len(paths) == 1 and isinstance(paths[0], (list, tuple)):
         paths = tuple(paths[0])
     with entered():
-        return load_paths(paths, Resolver(allow_imports))
+        return load_project(paths, allow_imports, config)
 
 
 def parse_rules(text: str, source: str = "<string>", *, allow_imports: Iterable[str] = ()) -> RuleSet:
@@ -55,7 +64,7 @@ def parse_rules(text: str, source: str = "<string>", *, allow_imports: Iterable[
 
 
 def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, tracer=None, concrete_args=None,
-                allow_imports: Iterable[str] = ()):
+                allow_imports: Iterable[str] = (), config: ConfigLike = None):
     """Rewrite ``model`` with ``rules`` to a fixpoint; returns a :class:`fxrules.engine.report.RewriteResult`.
 
     ``model``: an ``nn.Module`` (traced with ``torch.fx``; pass ``tracer`` or ``concrete_args`` to
@@ -63,7 +72,7 @@ def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, trace
     unlifted module is rewritten). ``rules``: a RuleSet or rule file path(s).
     ``example_inputs``: used to compute shape/dtype metadata when a rule's conditions need it.
     ``max_iterations``: the most rewrites before :class:`fxrules.RewriteLoopError`
-    (default 10,000 + 10 per node).
+    (default 10,000 + 10 per node). ``allow_imports`` and ``config`` are :func:`load_rules`'s, for paths.
 
     The input is never modified; on any error (RewriteError, RewriteLoopError, ModelError)
     it is exactly as it was.
@@ -71,22 +80,22 @@ def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, trace
     from fxrules.engine.driver import run_apply
 
     with entered():
-        return run_apply(model, as_rule_set(rules, allow_imports), example_inputs=example_inputs,
+        return run_apply(model, as_rule_set(rules, allow_imports, config), example_inputs=example_inputs,
                          max_iterations=max_iterations, tracer=tracer, concrete_args=concrete_args)
 
 
 def find_matches(model, rules, *, example_inputs=None, tracer=None, concrete_args=None,
-                 allow_imports: Iterable[str] = ()):
+                 allow_imports: Iterable[str] = (), config: ConfigLike = None):
     """Every match of every rule in ``model``, without rewriting (one pass, graph order)."""
     from fxrules.engine.driver import run_find
 
     with entered():
-        return run_find(model, as_rule_set(rules, allow_imports), example_inputs=example_inputs, tracer=tracer,
+        return run_find(model, as_rule_set(rules, allow_imports, config), example_inputs=example_inputs, tracer=tracer,
                         concrete_args=concrete_args)
 
 
 def explain(model, rules, *, rule=None, example_inputs=None, tracer=None, concrete_args=None,
-            allow_imports: Iterable[str] = ()):
+            allow_imports: Iterable[str] = (), config: ConfigLike = None):
     """Near misses: nodes where a rule's root target matched but the rule did not apply, and why.
 
     Each :class:`fxrules.engine.report.NearMiss` names the rule, the rule file:line:col of the pattern
@@ -95,7 +104,7 @@ def explain(model, rules, *, rule=None, example_inputs=None, tracer=None, concre
     from fxrules.engine.driver import run_explain
 
     with entered():
-        return run_explain(model, as_rule_set(rules, allow_imports), rule=rule, example_inputs=example_inputs,
+        return run_explain(model, as_rule_set(rules, allow_imports, config), rule=rule, example_inputs=example_inputs,
                            tracer=tracer, concrete_args=concrete_args)
 
 
@@ -351,7 +360,7 @@ def _code(module: Any) -> str:
 
 def apply_and_compare(model, rules, *, example_inputs: Optional[tuple] = None, export: bool = False,
                       keep_before: bool = True, max_iterations: Optional[int] = None,
-                      allow_imports: Iterable[str] = (),
+                      allow_imports: Iterable[str] = (), config: ConfigLike = None,
                       on_phase: Optional[Callable[[str], None]] = None) -> ApplyComparison:
     """Capture ``model``, apply ``rules`` to a fixpoint, and compare the model before and after.
 
@@ -373,7 +382,7 @@ def apply_and_compare(model, rules, *, example_inputs: Optional[tuple] = None, e
     from fxrules.engine.errors import ModelError
 
     note = on_phase if on_phase is not None else _quiet
-    rule_set = as_rule_set(rules, allow_imports)
+    rule_set = as_rule_set(rules, allow_imports, config)
     inputs = None if example_inputs is None else tuple(example_inputs)
     if export and inputs is None:
         raise ValueError("apply_and_compare(export=True) needs example_inputs")

@@ -412,6 +412,17 @@ def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None,
     return found
 
 
+def _condition_false(rule_set: RuleSet, span) -> str:
+    """The near-miss reason for a false condition, quoting it from the rule file when its text is known."""
+    text = rule_set.sources.get(span.path)
+    lines = text.split("\n") if text is not None else []
+    if span.line == span.end_line and 1 <= span.line <= len(lines):
+        quoted = lines[span.line - 1][span.column - 1:span.end_column - 1].strip()
+        if quoted:
+            return f"the pattern matched, but the condition `{quoted}` is false"
+    return "the pattern matched, but this condition is false"
+
+
 def run_explain(model: Any, rule_set: RuleSet, *, rule: Optional[str] = None, example_inputs=None, tracer=None,
                 concrete_args=None) -> list[NearMiss]:
     if rule is not None:
@@ -430,7 +441,7 @@ def run_explain(model: Any, rule_set: RuleSet, *, rule: Optional[str] = None, ex
             failed = session.conditions(result)
             if failed is not None:
                 misses.append(NearMiss(program.name, str(failed.span), node.name,
-                                       "the pattern matched, but this condition is false", 1 << 20, trace,
+                                       _condition_false(rule_set, failed.span), 1 << 20, trace,
                                        code=MissCode.CONDITION_FALSE))
                 continue
             decision = session.plan(result)

@@ -140,16 +140,16 @@ class _Matcher:
             return True
         if kind is PLiteral:
             return _same_literal(pattern.value, value) or self.fail(_LITERAL, lambda:
-                f"expected the literal {pattern.value!r}, found {_show(value)}", pattern.span)
+                f"expected the literal {pattern.value!r}, found {_show(value, self.view.module_of)}", pattern.span)
         if kind is PConst:
             return _same_constant(pattern.value, value) or self.fail(_CONSTANT, lambda:
-                f"expected {pattern.label}, found {_show(value)}", pattern.span)
+                f"expected {pattern.label}, found {_show(value, self.view.module_of)}", pattern.span)
         if kind is PSeq and pattern.items and type(pattern.items[-1]) is PVariadic:
             return self.variadic(pattern.items, value, pattern.span)
         if kind is PSeq:
             if not isinstance(value, (list, tuple)) or len(value) != len(pattern.items):
                 return self.fail(_SEQUENCE, lambda:
-                    f"expected a sequence of {len(pattern.items)}, found {_show(value)}", pattern.span)
+                    f"expected a sequence of {len(pattern.items)}, found {_show(value, self.view.module_of)}", pattern.span)
             return all(self.match(p, v) for p, v in zip(pattern.items, value))
         if kind is PBind:
             if not self.match(pattern.inner, value):
@@ -162,7 +162,7 @@ class _Matcher:
                 self.env.pending_refs.append((pattern.name, value))
                 return True
             return bound is value or self.fail(_NAMED_NODE, lambda:
-                f"expected the node named `{pattern.name}` ({_show(bound)}), found {_show(value)}", pattern.span)
+                f"expected the node named `{pattern.name}` ({_show(bound, self.view.module_of)}), found {_show(value, self.view.module_of)}", pattern.span)
         if kind is PAlt:
             for option in pattern.options:
                 state = self.env.snapshot()
@@ -193,11 +193,11 @@ class _Matcher:
         if _same_value(bound, value):
             return True
         return self.fail(_CAPTURE, lambda:
-            f"`${name}` is already bound to {_show(bound)}, but here it is {_show(value)}", span)
+            f"`${name}` is already bound to {_show(bound, self.view.module_of)}, but here it is {_show(value, self.view.module_of)}", span)
 
     def get_attr(self, pattern: PGetAttr, value: Any) -> bool:
         if not isinstance(value, fx.Node) or value.op != "get_attr":
-            return self.fail(_OP, lambda: f"expected a get_attr node, found {_show(value)}", pattern.span)
+            return self.fail(_OP, lambda: f"expected a get_attr node, found {_show(value, self.view.module_of)}", pattern.span)
         if pattern.qualname is not None and value.target != pattern.qualname:
             return self.fail(_TARGET, lambda:
                 f"expected get_attr {pattern.qualname}, found get_attr {value.target}", pattern.span)
@@ -209,7 +209,7 @@ class _Matcher:
     # -- calls ----------------------------------------------------------------
     def call(self, pattern: PCall, value: Any) -> bool:
         if not isinstance(value, fx.Node):
-            return self.fail(_OP, lambda: f"expected {pattern.op} {pattern.label}, found {_show(value)}", pattern.span)
+            return self.fail(_OP, lambda: f"expected {pattern.op} {pattern.label}, found {_show(value, self.view.module_of)}", pattern.span)
         if value.op != pattern.op:
             return self.fail(_OP, lambda:
                 f"expected {pattern.op} {pattern.label}, found {value.op} {_target(value)}", pattern.span)
@@ -272,12 +272,12 @@ class _Matcher:
                         return self.fail(_ARGUMENT_MISSING, lambda: f"argument `{param}` is missing", pattern.span)
                 if not self.match(want, have):
                     return self.fail(_ARGUMENT, lambda:
-                        f"argument `{param}` does not match: {_show(have)}", pattern.span)
+                        f"argument `{param}` does not match: {_show(have, self.view.module_of)}", pattern.span)
             elif have is not _MISSING and not pattern.rest:
                 default = signatures.default(sig, param)
                 if default is signatures.EMPTY or not _same_value(default, have):
                     return self.fail(_UNEXPECTED_ARGUMENT, lambda:
-                        f"argument `{param}` is {_show(have)}; the pattern does not mention it, so it "
+                        f"argument `{param}` is {_show(have, self.view.module_of)}; the pattern does not mention it, so it "
                         f"must be absent or at {_shown_default(default)} (end the pattern's arguments with `...` to "
                         f"accept any)", pattern.span)
         if pattern.rest:
@@ -503,12 +503,23 @@ def _target(node: fx.Node) -> str:
     return getattr(target, "__name__", None) or str(target)
 
 
+def _module_type(node: fx.Node, module_of: Callable[[str], Any]) -> str:
+    """The class name of the module a call_module node calls (what a pattern names, rather than the
+    attribute it is stored under), or ``?``."""
+    try:
+        return type(module_of(node.target)).__name__
+    except Exception:  # a target the model does not have: the attribute name still says which
+        return "?"
+
+
 def _shown_default(default: Any) -> str:
     return "no default" if default is signatures.EMPTY else f"the default {default!r}"
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, module_of: Optional[Callable[[str], Any]] = None) -> str:
     if isinstance(value, fx.Node):
+        if value.op == "call_module" and module_of is not None:
+            return f"%{value.name} (call_module {_target(value)}: {_module_type(value, module_of)})"
         return f"%{value.name} ({value.op} {_target(value)})" if value.op != "placeholder" else f"%{value.name}"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

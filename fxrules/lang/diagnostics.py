@@ -75,7 +75,8 @@ CODES: dict[str, str] = {
 
 @dataclass(frozen=True, slots=True)
 class Diagnostic:
-    """One located problem. Lines and columns are 1-based; ``end_column`` is exclusive."""
+    """One located problem. Lines and columns are 1-based; ``end_column`` is exclusive. Line 0 means the
+    file (or path) as a whole, such as one that does not exist: it is shown without a line and column."""
 
     path: str
     line: int
@@ -103,7 +104,7 @@ class Diagnostic:
 
     @property
     def location(self) -> str:
-        return f"{self.path}:{self.line}:{self.column}"
+        return f"{self.path}:{self.line}:{self.column}" if self.line >= 1 else self.path
 
     def headline(self) -> str:
         return f"{self.location}: {self.severity}[{self.code}]: {self.message}"

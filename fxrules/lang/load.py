@@ -12,15 +12,21 @@ limit raised).
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence, Union
+import re
+import warnings
+from dataclasses import replace
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 import fxrules.lang.ast as A
 from fxrules.lang.check import check_duplicates, check_file
+from fxrules.lang.check.reporter import closest
+from fxrules.lang.config import Config, ConfigLike, configs_for, merged_allow_imports
 from fxrules.lang.diagnostics import ERROR, Diagnostic, RuleFileError
 from fxrules.lang.names import Resolver
 from fxrules.lang.parser import parse
 from fxrules.lang.ruleset import CheckedRule, RuleSet
-from fxrules.lang.source import Source, expand, read
+from fxrules.lang.discover import IgnoreRules, collect
+from fxrules.lang.source import Source, read
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -28,6 +34,69 @@ PathLike = Union[str, "os.PathLike[str]"]
 def parse_source(source: Source) -> A.RuleFile:
     """Text to AST (syntax only). Raises RuleFileError with one syntax diagnostic."""
     return parse(source)
+
+
+RECOVERABLE = frozenset({"unexpected-token", "unexpected-end", "invalid-character", "unterminated-string"})
+"""Syntax errors after which the rest of the file is still worth checking."""
+
+MAX_SYNTAX_ERRORS = 20
+
+
+def parse_recovering(source: Source) -> tuple[Optional[A.RuleFile], list[Diagnostic]]:
+    """Text to AST, going on past syntax errors: each is reported, the top-level statement holding it
+    (from its unindented first line to the next unindented line) is blanked, keeping every line where it
+    was, and the text is parsed again; so a typo in one rule does not hide the errors of the others.
+
+    Returns the AST of what parsed (None when nothing did) and the syntax diagnostics, at most
+    :data:`MAX_SYNTAX_ERRORS`. Errors about the file as a whole (too deep, too large) stop at the first.
+    """
+    diagnostics: list[Diagnostic] = []
+    text = source.text
+    while True:
+        try:
+            return parse(Source(source.path, text)), diagnostics
+        except RuleFileError as exc:
+            found = [_with_opcode_hint(d, text) for d in exc.diagnostics]
+            diagnostics.extend(found)
+            if len(diagnostics) >= MAX_SYNTAX_ERRORS or any(d.code not in RECOVERABLE for d in found):
+                return None, diagnostics
+            blanked = _blank_statement(text, found[0].line)
+            if blanked == text:
+                return None, diagnostics
+            text = blanked
+
+
+def _blank_statement(text: str, line: int) -> str:
+    """``text`` with the top-level statement holding ``line`` (1-based) replaced by empty lines."""
+    lines = text.split("\n")
+    index = min(max(line, 1), len(lines)) - 1
+    start = index
+    while start > 0 and not _starts_statement(lines[start]):
+        start -= 1
+    end = index + 1
+    while end < len(lines) and not _starts_statement(lines[end]):
+        end += 1
+    return "\n".join(lines[:start] + [""] * (end - start) + lines[end:])
+
+
+def _starts_statement(line: str) -> bool:
+    return bool(line.strip()) and not line[0].isspace() and not line.startswith("#")
+
+
+def _with_opcode_hint(diagnostic: Diagnostic, text: str) -> Diagnostic:
+    """A syntax error right after a misspelt opcode (``call_methd relu($x)``) gets "did you mean"."""
+    if diagnostic.code != "unexpected-token" or diagnostic.line < 1:
+        return diagnostic
+    lines = text.split("\n")
+    if diagnostic.line > len(lines):
+        return diagnostic
+    before = re.search(r"([A-Za-z_][A-Za-z_0-9]*)\s*$", lines[diagnostic.line - 1][: diagnostic.column - 1])
+    if before is None or before[1] in A.OPCODES:
+        return diagnostic
+    close = closest(before[1], A.OPCODES)
+    if close is None:
+        return diagnostic
+    return replace(diagnostic, notes=(*diagnostic.notes, f"`{before[1]}` is not an opcode: did you mean `{close}`?"))
 
 
 def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, list[Diagnostic]]:
@@ -39,7 +108,10 @@ def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, lis
     for source in sources:
         texts[source.path] = source.text
         try:
-            rule_file = parse_source(source)
+            rule_file, syntax = parse_recovering(source)
+            diagnostics.extend(syntax)
+            if rule_file is None:
+                continue
             checked, found = check_file(rule_file, resolver)
         except RuleFileError as exc:
             diagnostics.extend(exc.diagnostics)
@@ -69,14 +141,21 @@ def load_sources(sources: Iterable[Source], resolver: Resolver) -> RuleSet:
     return rule_set
 
 
-def read_sources(paths: Iterable[PathLike]) -> tuple[list[Source], list[Diagnostic]]:
-    """Read every file under ``paths``; unreadable files become diagnostics, not exceptions."""
+class ConfigWarning(UserWarning):
+    """A project configuration with something fxrules does not understand (an unknown key)."""
+
+
+def read_sources(paths: Iterable[PathLike], configs: Optional[Mapping[str, Config]] = None,
+                 exclude: Optional[IgnoreRules] = None) -> tuple[list[Source], list[Diagnostic]]:
+    """Read every rule file ``paths`` name (:mod:`fxrules.lang.discover`: excludes and .gitignore
+    apply to directories walked); unreadable files become diagnostics, not exceptions.
+
+    ``configs`` maps each path to its project's settings; by default each path's is discovered.
+    ``exclude``: more patterns to skip while walking (``--exclude``).
+    """
+    paths = [os.fspath(p) for p in paths]
+    files, diagnostics = collect(paths, configs if configs is not None else configs_for(paths), exclude)
     sources: list[Source] = []
-    diagnostics: list[Diagnostic] = []
-    try:
-        files = expand(paths)
-    except RuleFileError as exc:
-        return [], list(exc.diagnostics)
     for path in files:
         try:
             sources.append(read(path))
@@ -85,13 +164,30 @@ def read_sources(paths: Iterable[PathLike]) -> tuple[list[Source], list[Diagnost
     return sources, diagnostics
 
 
-def load_paths(paths: Iterable[PathLike], resolver: Resolver) -> RuleSet:
+def project(paths: Iterable[PathLike], allow_imports: Iterable[str] = (), config: ConfigLike = None
+            ) -> tuple[dict[str, Config], Resolver]:
+    """The settings of each path (``config`` for all, or each discovered) and the resolver they call for.
+
+    Each configuration's unknown keys are a :class:`ConfigWarning`, and its ``python-path`` folders are
+    put on ``sys.path`` (builders and models of the project import from there).
+    """
+    configs = configs_for(paths, config)
+    distinct = list({id(c): c for c in configs.values()}.values())
+    for found in distinct:
+        for message in found.warnings:
+            warnings.warn(message, ConfigWarning, stacklevel=3)
+        found.put_on_sys_path()
+    return configs, Resolver(merged_allow_imports(distinct, allow_imports))
+
+
+def load_paths(paths: Iterable[PathLike], resolver: Resolver, configs: Optional[Mapping[str, Config]] = None,
+               exclude: Optional[IgnoreRules] = None) -> RuleSet:
     """Read, parse and check the rule files at ``paths`` (files or directories); raise on any error.
 
     Every file is checked, even when another one could not be read: the
     :class:`RuleFileError` lists every problem found.
     """
-    sources, diagnostics = read_sources(paths)
+    sources, diagnostics = read_sources(paths, configs, exclude)
     rule_set, found = analyze(sources, resolver)
     errors = diagnostics + [d for d in found if d.severity == ERROR]
     if errors:
@@ -99,12 +195,22 @@ def load_paths(paths: Iterable[PathLike], resolver: Resolver) -> RuleSet:
     return rule_set
 
 
-def as_rule_set(rules: Union[RuleSet, PathLike, Sequence[PathLike]], allow_imports: Iterable[str] = ()) -> RuleSet:
-    """``rules`` as a RuleSet: itself, or the rule files at a path or a list of paths."""
+def load_project(paths: Iterable[PathLike], allow_imports: Iterable[str] = (), config: ConfigLike = None
+                 ) -> RuleSet:
+    """:func:`load_paths` under the projects' settings (:func:`project`)."""
+    paths = [os.fspath(p) for p in paths]
+    configs, resolver = project(paths, allow_imports, config)
+    return load_paths(paths, resolver, configs)
+
+
+def as_rule_set(rules: Union[RuleSet, PathLike, Sequence[PathLike]], allow_imports: Iterable[str] = (),
+                config: ConfigLike = None) -> RuleSet:
+    """``rules`` as a RuleSet: itself, or the rule files at a path or a list of paths (with their
+    projects' settings, or ``config``'s)."""
     if isinstance(rules, RuleSet):
         return rules
     if isinstance(rules, (str, os.PathLike)):
-        return load_paths([rules], Resolver(allow_imports))
+        return load_project([rules], allow_imports, config)
     if isinstance(rules, (list, tuple)) and rules and all(isinstance(r, (str, os.PathLike)) for r in rules):
-        return load_paths(rules, Resolver(allow_imports))
+        return load_project(rules, allow_imports, config)
     raise TypeError(f"rules must be a RuleSet or rule file path(s), not {type(rules).__name__}")

@@ -157,14 +157,22 @@ class Resolver:
             if _locatable(root):
                 return Resolution("import-not-allowed", path,
                                   message=f"resolving `{path}` would import `{root}` and run its code; "
-                                          f"allow it explicitly (--allow-import {root})")
+                                          f"allow it explicitly (--allow-import {root}, or allow-imports = "
+                                          f"[\"{root}\"] in [tool.fxrules])")
             return Resolution("unknown-alias", path,
                               message=f"`{root}` is neither an alias (declare one with `use ... as {root}`) "
-                                      f"nor an importable module")
+                                      f"nor an importable module (a module of your project: name it in "
+                                      f"allow-imports and its folder in python-path, in [tool.fxrules])")
         if root == "torch" and not torch_available():
             return Resolution("unavailable", path, message="torch is not installed")
         try:
             value: Any = importlib.import_module(root)
+        except ImportError as exc:  # a project's own builders import torch: without it, nothing can be said
+            if exc.name == "torch" and not torch_available():
+                return Resolution("unavailable", path, message="torch is not installed")
+            hint = ("; put the folder holding it on the path (python-path = [\"FOLDER\"] in [tool.fxrules], "
+                    "or PYTHONPATH)" if exc.name == root else "")
+            return Resolution("unknown-target", path, message=f"cannot import `{root}`: {exc}{hint}")
         except Exception as exc:  # an allowed module that fails to import
             return Resolution("unknown-target", path, message=f"cannot import `{root}`: {exc}")
         for i, part in enumerate(parts[1:], start=1):

@@ -63,23 +63,23 @@ def read(path: Union[str, os.PathLike]) -> Source:
     try:
         info = os.stat(path)  # follows symlinks: the target decides
         if not stat.S_ISREG(info.st_mode):
-            raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", f"not a regular file ({_kind(info.st_mode)}); "
+            raise RuleFileError([Diagnostic(shown, 0, 0, "io-error", f"not a regular file ({_kind(info.st_mode)}); "
                                                                      f"rule files are read only from regular files")])
         if info.st_size > MAX_FILE_BYTES:
             raise RuleFileError(
-                [Diagnostic(shown, 1, 1, "io-error", f"the file is {info.st_size} bytes; rule files are limited to {MAX_FILE_BYTES}")]
+                [Diagnostic(shown, 0, 0, "io-error", f"the file is {info.st_size} bytes; rule files are limited to {MAX_FILE_BYTES}")]
             )
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):  # swapped between stat and open
-                raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", "not a regular file")])
+                raise RuleFileError([Diagnostic(shown, 0, 0, "io-error", "not a regular file")])
             data = _read_capped(handle, info.st_size)
         if len(data) > MAX_FILE_BYTES:
             raise RuleFileError(
-                [Diagnostic(shown, 1, 1, "io-error", f"the file is over {MAX_FILE_BYTES} bytes; rule files are limited to it")]
+                [Diagnostic(shown, 0, 0, "io-error", f"the file is over {MAX_FILE_BYTES} bytes; rule files are limited to it")]
             )
     except OSError as exc:
-        raise RuleFileError([Diagnostic(shown, 1, 1, "io-error", f"cannot read the file: {exc.strerror or exc}")]) from None
+        raise RuleFileError([Diagnostic(shown, 0, 0, "io-error", f"cannot read the file: {exc.strerror or exc}")]) from None
     return decode(data, shown)
 
 
@@ -120,7 +120,7 @@ def expand(paths: Iterable[Union[str, os.PathLike]]) -> list[str]:
         elif os.path.exists(path):
             found.append(shown)
         else:
-            missing.append(Diagnostic(shown, 1, 1, "io-error", "no such file or directory"))
+            missing.append(Diagnostic(shown, 0, 0, "io-error", "no such file or directory"))
     if missing:
         raise RuleFileError(missing)
     return found

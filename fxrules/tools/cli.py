@@ -25,14 +25,19 @@ import json
 import os
 import re
 import sys
+import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
 from fxrules import __version__
-from fxrules.lang.diagnostics import ERROR, Diagnostic
-from fxrules.lang.load import analyze, read_sources
+from fxrules.lang.config import Config, ConfigError, discover
+from fxrules.lang.diagnostics import CODES, ERROR, Diagnostic
+from fxrules.lang.discover import IgnoreRules
+from fxrules.lang.load import ConfigWarning, analyze, load_paths, project, read_sources
 from fxrules.lang.names import Resolver
 from fxrules.lang.runtime import entered
+from fxrules.lang.source import Source, decode
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
@@ -54,6 +59,16 @@ class _Parser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """An unknown option is reported with the usage of the subcommand it was given to, not fxrules'."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._commands.choices.get(getattr(parsed, "command", None)) if self._commands else None
+            (command or self).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    _commands = None
+
 
 # ---------------------------------------------------------------------------
 # Arguments
@@ -64,12 +79,62 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fxrules", description="Declarative, checked rewrite rules for torch.fx graphs.")
     parser.add_argument("--version", action="version", version=f"fxrules {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    parser._commands = commands
     _check_parser(commands)
     _apply_parser(commands)
     _explain_parser(commands)
     _fmt_parser(commands)
     _verify_parser(commands)
+    _test_parser(commands)
+    _new_parser(commands)
+    _lsp_parser(commands)
     return parser
+
+
+def _lsp_parser(commands) -> None:
+    lsp = commands.add_parser("lsp", help="run the language server (LSP over stdio; for editors)",
+                              description="Speak the Language Server Protocol on standard input and output: "
+                                          "diagnostics as you type, hover, go to definition, formatting, "
+                                          "completion. Needs the lsp extra: pip install \"fxrules[lsp]\".")
+    lsp.set_defaults(run=_lsp)
+
+
+def _lsp(args: argparse.Namespace) -> int:
+    try:
+        import pygls  # noqa: F401
+    except ImportError:
+        return _usage(_UsageError('the language server needs pygls: pip install "fxrules[lsp]"'))
+    from fxrules.tools.lsp import serve
+
+    serve()
+    return EXIT_OK
+
+
+def _test_parser(commands) -> None:
+    test = commands.add_parser("test", help="run the rules' own examples only (fast; no random models)",
+                               description="Run every rule's `example:` lines: build each example model, apply "
+                                           "the rule, check the rewrite count and the contract. Exit 0 when every "
+                                           "example passes, 1 when one fails, 2 on usage errors.")
+    _rules_argument(test)
+    test.add_argument("--rule", action="append", default=None, metavar="NAME",
+                      help="test only the rule NAME (may be repeated)")
+    _format_argument(test)
+    _project_arguments(test)
+    _output_arguments(test)
+    test.set_defaults(run=_test)
+
+
+def _new_parser(commands) -> None:
+    new = commands.add_parser("new", help="scaffold a rule file with a doc string, a contract and examples",
+                              description="Write NAME.fxr (under rules/FAMILY/ when rules/ exists, else ./FAMILY/): "
+                                          "a rule that checks clean and passes `fxrules test`, to edit. Never "
+                                          "overwrites a file. Exit 0 when written, 2 otherwise.")
+    new.add_argument("name", metavar="NAME", help="the rule's name (letters, digits, _)")
+    new.add_argument("--family", default="", metavar="F",
+                     help="the family folder (cleanup, canonicalize, fold, swap, aten or your own); fold rules "
+                          "get [approx], swap rules [changes], others [exact]")
+    new.add_argument("--dir", default="", metavar="DIR", help="where families live (default: rules/ if it exists)")
+    new.set_defaults(run=_new)
 
 
 def _check_parser(commands) -> None:
@@ -77,10 +142,19 @@ def _check_parser(commands) -> None:
                                 description="Validate rule files. Exit 0 when clean, 1 when errors were found, "
                                             "2 on usage errors.")
     check.add_argument("paths", nargs="*", default=["."], metavar="PATH",
-                       help="rule files or directories (every *.fxr under them); default: .")
-    check.add_argument("--format", choices=("text", "json", "github"), default="text",
-                       help="text for people, json for machines, github for workflow annotations")
-    _allow_import_argument(check)
+                       help="rule files, directories (every *.fxr under them, skipping excluded and gitignored "
+                            "ones) or globs; - for standard input; default: .")
+    check.add_argument("--format", choices=("text", "json", "github", "sarif"), default="text",
+                       help="text for people, json for machines, github for workflow annotations, sarif for "
+                            "code scanning (SARIF 2.1.0)")
+    check.add_argument("--force-exclude", action="store_true",
+                       help="apply the excludes to files named explicitly too (for pre-commit, which names "
+                            "every changed file)")
+    check.add_argument("--stdin-filename", metavar="PATH",
+                       help="with -: the name diagnostics use for standard input (and where its project "
+                            "configuration is found)")
+    _project_arguments(check)
+    _output_arguments(check)
     check.set_defaults(run=_check)
 
 
@@ -99,6 +173,7 @@ def _apply_parser(commands) -> None:
                        help="draw the graph before and after to FILE (.svg, .png, .html or .dot), rewritten "
                             "nodes marked with their rule; needs Graphviz's dot for .svg/.png (else writes .dot)")
     _format_argument(apply)
+    _output_arguments(apply)
     apply.set_defaults(run=_apply)
 
 
@@ -111,6 +186,7 @@ def _explain_parser(commands) -> None:
     _model_arguments(explain)
     explain.add_argument("--rule", metavar="NAME", help="explain only the rule NAME")
     _format_argument(explain)
+    _output_arguments(explain)
     explain.set_defaults(run=_explain)
 
 
@@ -152,8 +228,9 @@ def _verify_parser(commands) -> None:
     verify.add_argument("--reproduce", metavar="LINE",
                         help="replay one counterexample: the @reproduce_failure(...) line a failure printed "
                              "(with exactly one --rule)")
-    _format_argument(verify)
-    _allow_import_argument(verify)
+    _format_argument(verify, "sarif")
+    _project_arguments(verify)
+    _output_arguments(verify)
     verify.set_defaults(run=_verify)
 
 
@@ -167,7 +244,7 @@ def _model_arguments(command: argparse.ArgumentParser) -> None:
                               "shape metadata and to compare outputs before and after")
     command.add_argument("--export", action="store_true",
                          help="torch.export the model (needs --input) instead of symbolic tracing")
-    _allow_import_argument(command)
+    _project_arguments(command)
 
 
 def _rules_argument(command: argparse.ArgumentParser) -> None:
@@ -175,42 +252,63 @@ def _rules_argument(command: argparse.ArgumentParser) -> None:
                          help="rule files or directories, or the name of a bundled rule family (such as cleanup)")
 
 
-def _format_argument(command: argparse.ArgumentParser) -> None:
-    command.add_argument("--format", choices=("text", "json"), default="text",
-                         help="text for people, json for machines (schema: docs/cli.md)")
+def _format_argument(command: argparse.ArgumentParser, *more: str) -> None:
+    command.add_argument("--format", choices=("text", "json", *more), default="text",
+                         help="text for people, json for machines (schema: docs/cli.md)"
+                              + "".join(f", {m}" for m in more))
 
 
-def _allow_import_argument(command: argparse.ArgumentParser) -> None:
+def _project_arguments(command: argparse.ArgumentParser) -> None:
+    """The options every command that reads rule files shares: imports, configuration, excludes."""
     command.add_argument("--allow-import", action="append", default=[], metavar="PKG",
-                         help="allow rule files to name modules of PKG (may be repeated; also read from "
-                              "allow-imports in the [tool.fxrules] table of the nearest pyproject.toml)")
+                         help="allow rule files to name modules of PKG (may be repeated; adds to allow-imports "
+                              "of the project configuration)")
+    command.add_argument("--config", metavar="FILE",
+                         help="use this pyproject.toml or fxrules.toml for every path, instead of each rule "
+                              "file's nearest one ([tool.fxrules], found from the file's folder upward)")
+    command.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                         help="skip paths matching PATTERN (gitignore syntax, relative to the working "
+                              "directory) when walking directories; adds to exclude/extend-exclude")
 
 
-def project_allow_imports(start: Optional[str] = None) -> list[str]:
-    """``allow-imports`` from the ``[tool.fxrules]`` table of the nearest pyproject.toml above ``start``."""
-    import tomllib
-
-    directory = os.path.abspath(start or os.getcwd())
-    while True:
-        candidate = os.path.join(directory, "pyproject.toml")
-        if os.path.isfile(candidate):
-            try:
-                with open(candidate, "rb") as handle:
-                    table = tomllib.load(handle).get("tool", {}).get("fxrules", {})
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise _UsageError(f"cannot read {candidate}: {exc}") from None
-            value = table.get("allow-imports", [])
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise _UsageError(f"{candidate}: [tool.fxrules] allow-imports must be a list of package names")
-            return value
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return []
-        directory = parent
+def _output_arguments(command: argparse.ArgumentParser) -> None:
+    """--quiet and --verbose: how much goes to stderr besides results and errors."""
+    group = command.add_mutually_exclusive_group()
+    group.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1, default=0,
+                       help="print results and errors only: no summary, hints or warnings")
+    group.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1,
+                       help="also say which configuration applies to each path and which files are read")
 
 
-def _allowed(args: argparse.Namespace) -> list[str]:
-    return list(args.allow_import) + project_allow_imports()
+@dataclass(frozen=True, slots=True)
+class _Project:
+    """What the rule paths of a command run under: each path's configuration, the resolver, the excludes."""
+
+    configs: dict
+    resolver: Resolver
+    exclude: Optional[IgnoreRules]
+
+
+def _project(args: argparse.Namespace, paths: Sequence[str]) -> _Project:
+    """Each path's project configuration (``--config``, else discovered), its warnings said on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        try:
+            configs, resolver = project(paths, args.allow_import, args.config)
+        except ConfigError as exc:
+            raise _UsageError(str(exc)) from None
+    for warning in caught:
+        if issubclass(warning.category, ConfigWarning) and _verbosity(args) >= 0:
+            print(f"fxrules: warning: {warning.message}", file=sys.stderr)
+    if _verbosity(args) > 0:
+        for path, config in configs.items():
+            print(f"fxrules: {path}: configuration {config.path or '(none: defaults)'}", file=sys.stderr)
+    exclude = IgnoreRules.parse(os.getcwd(), args.exclude) if args.exclude else None
+    return _Project(configs, resolver, exclude)
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    return getattr(args, "verbosity", 0)
 
 
 # ---------------------------------------------------------------------------
@@ -220,21 +318,60 @@ def _allowed(args: argparse.Namespace) -> list[str]:
 
 def _check(args: argparse.Namespace) -> int:
     try:
-        allowed = _allowed(args)
+        sources, diagnostics, resolver = _check_inputs(args)
     except _UsageError as exc:
         return _usage(exc)
-    sources, diagnostics = read_sources(args.paths)
+    if _verbosity(args) > 0:
+        for source in sources:
+            print(f"fxrules: reading {source.path}", file=sys.stderr)
     with entered():  # an entry point: the command runs the front end's stages itself
-        rule_set, found = analyze(sources, Resolver(allowed))
+        rule_set, found = analyze(sources, resolver)
     diagnostics = sorted(diagnostics + found, key=lambda d: (d.path, d.line, d.column, d.code))
     unreadable = {d.path for d in diagnostics if d.code in ("io-error", "binary-input", "invalid-encoding")}
     files = sorted({s.path for s in sources} | unreadable)
     texts = {s.path: s.text for s in sources}
-    _CHECK_RENDERERS[args.format](diagnostics, texts, files, len(rule_set))
+    if args.format == "text":
+        _check_text(diagnostics, texts, files, len(rule_set), _verbosity(args))
+    else:
+        _CHECK_RENDERERS[args.format](diagnostics, texts, files, len(rule_set))
     errors = [d for d in diagnostics if d.severity == ERROR]
     if any(d.code == "io-error" for d in errors):
         return EXIT_USAGE  # a path that does not exist or cannot be read is a usage error
     return EXIT_PROBLEMS if errors else EXIT_OK
+
+
+def _check_inputs(args: argparse.Namespace) -> tuple[list[Source], list[Diagnostic], Resolver]:
+    """The sources to check (files, directories walked, globs, or standard input for ``-``), the
+    diagnostics of paths that could not be read, and the resolver of their projects."""
+    if "-" in args.paths:
+        if len(args.paths) != 1:
+            raise _UsageError("- (standard input) cannot be combined with other paths")
+        name = args.stdin_filename or "<stdin>"
+        where = args.stdin_filename or os.getcwd()
+        found = _project(args, [where])
+        try:
+            return [decode(sys.stdin.buffer.read(), name)], [], found.resolver
+        except Exception as exc:  # RuleFileError: not UTF-8, or binary
+            diagnostics = getattr(exc, "diagnostics", None)
+            if diagnostics is None:
+                raise
+            return [], list(diagnostics), found.resolver
+    if args.stdin_filename:
+        raise _UsageError("--stdin-filename needs - (standard input) as the path")
+    found = _project(args, args.paths)
+    paths = args.paths
+    if args.force_exclude:
+        from fxrules.lang.discover import excluded
+
+        paths = [p for p in paths if not (os.path.isfile(p) and excluded(p, found.configs[p], found.exclude))]
+    sources, diagnostics = read_sources(paths, found.configs, found.exclude)
+    return sources, diagnostics, found.resolver
+
+
+def _check_sarif(diagnostics: list[Diagnostic], texts: dict[str, str], files: list[str], rules: int) -> None:
+    from fxrules.tools.sarif import render_sarif
+
+    _print_json(render_sarif(diagnostics, CODES, version=__version__))
 
 
 def _check_json(diagnostics: list[Diagnostic], texts: dict[str, str], files: list[str], rules: int) -> None:
@@ -251,10 +388,16 @@ def _check_github(diagnostics: list[Diagnostic], texts: dict[str, str], files: l
               f"::{_data(message)}")
 
 
-def _check_text(diagnostics: list[Diagnostic], texts: dict[str, str], files: list[str], rules: int) -> None:
+def _check_text(diagnostics: list[Diagnostic], texts: dict[str, str], files: list[str], rules: int,
+                verbosity: int = 0) -> None:
+    from fxrules.tools.style import Style
+
+    style = Style.for_stream(sys.stdout)
     for d in diagnostics:
-        print(d.render(texts.get(d.path)))
+        print(style.diagnostic(d.render(texts.get(d.path))))
     sys.stdout.flush()
+    if verbosity < 0:
+        return
     errors = sum(d.severity == ERROR for d in diagnostics)
     warnings = len(diagnostics) - errors
     summary = f"{_count(len(files), 'file')}, {_count(rules, 'rule')} checked"
@@ -265,7 +408,7 @@ def _check_text(diagnostics: list[Diagnostic], texts: dict[str, str], files: lis
     print(summary, file=sys.stderr if diagnostics else sys.stdout)
 
 
-_CHECK_RENDERERS = {"text": _check_text, "json": _check_json, "github": _check_github}
+_CHECK_RENDERERS = {"text": _check_text, "json": _check_json, "github": _check_github, "sarif": _check_sarif}
 
 
 def _data(text: str) -> str:
@@ -329,6 +472,10 @@ def _verify(args: argparse.Namespace) -> int:
         return _fail(exc)
     if args.format == "json":
         _print_json(report.to_json())
+    elif args.format == "sarif":
+        from fxrules.tools.sarif import render_sarif
+
+        _print_json(render_sarif(_verify_diagnostics(report), VERIFY_GRADES, version=__version__))
     else:
         print(report)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
@@ -349,6 +496,94 @@ def _coverage(rule_set, output_format: str) -> int:
               + ("every op they name has a sampler" if not gaps else f"{len(gaps)} op{'s' * (len(gaps) != 1)} "
                                                                       f"without a sampler"))
     return EXIT_PROBLEMS if gaps else EXIT_OK
+
+
+VERIFY_GRADES = {
+    "wrong": "the rule breaks its contract on a model (a counterexample is given)",
+    "noisy": "the rule's outputs differ beyond its contract's tolerance only sometimes",
+    "weak": "nothing broke, but fewer distinct host graphs than the minimum checked the rule",
+    "missing": "no model exercised the rule: its pattern was never drawn or rewritten",
+    "unverified": "the rule could not be checked (no sampler for one of its ops, or nothing rewritten)",
+    "error": "verifying the rule failed with an error",
+}
+"""The verify grades that are findings (``validated`` is not), as SARIF rules."""
+
+
+def _verify_diagnostics(report) -> list[Diagnostic]:
+    """Each rule that is not validated as a Diagnostic at the rule's file:line."""
+    found = []
+    for entry in report.to_json()["rules"]:
+        grade = entry["grade"]
+        if grade == "validated":
+            continue
+        path, line = _split_source(entry.get("source") or "")
+        counterexample = entry.get("counterexample") or {}
+        problem = counterexample.get("problem") or entry.get("hosts_note") or grade
+        notes = tuple(n for n in (counterexample.get("command"),) if n)
+        found.append(Diagnostic(path, line, 1 if line else 0, grade, f"rule `{entry['rule']}` is {grade}: {problem}",
+                                notes=notes))
+    return found
+
+
+def _split_source(source: str) -> tuple[str, int]:
+    """``file:line`` -> (file, line); (source, 0) when it has no line."""
+    head, sep, tail = source.rpartition(":")
+    return (head, int(tail)) if sep and tail.isdigit() else (source, 0)
+
+
+# ---------------------------------------------------------------------------
+# test and new
+# ---------------------------------------------------------------------------
+
+
+def _test(args: argparse.Namespace) -> int:
+    from fxrules.verifier.driver import verify_examples
+
+    try:
+        paths, rule_set = _load_rule_set(args)
+        unknown = [name for name in args.rule or () if name not in rule_set]
+        if unknown:
+            raise _UsageError(f"no rule named {unknown[0]!r} in {', '.join(args.paths)}")
+    except _UsageError as exc:
+        return _usage(exc)
+    except _Failure as exc:
+        return _fail(exc)
+    names = list(args.rule or rule_set.names)
+    results = {name: verify_examples(rule_set, name) for name in names}
+    failed = {name: [o for o in outcomes if str(o.grade) != "validated"] for name, outcomes in results.items()}
+    bad = sum(len(v) for v in failed.values())
+    total = sum(len(v) for v in results.values())
+    untested = [name for name, outcomes in results.items() if not outcomes]
+    if args.format == "json":
+        _print_json({"version": 1, "command": "test", "ok": bad == 0, "examples": total, "failed": bad,
+                     "rules": [{"rule": name, "source": rule_set[name].source,
+                                "examples": [o.to_json() for o in outcomes]} for name, outcomes in results.items()]})
+        return EXIT_PROBLEMS if bad else EXIT_OK
+    for name, outcomes in results.items():
+        for outcome in failed[name]:
+            print(f"{outcome.location}: FAIL rule `{name}`: expected it to {outcome.expected}: {outcome.problem}")
+        if outcomes and not failed[name] and _verbosity(args) > 0:
+            print(f"{rule_set[name].source}: ok rule `{name}` ({_count(len(outcomes), 'example')})")
+    if _verbosity(args) >= 0:
+        summary = f"fxrules test: {_count(total, 'example')} of {_count(len(names), 'rule')}: "
+        summary += f"{bad} failed" if bad else "all passed"
+        if untested:
+            summary += f"; {_count(len(untested), 'rule')} without examples ({', '.join(untested[:5])}" \
+                       f"{', ...' if len(untested) > 5 else ''})"
+        print(summary, file=sys.stderr if bad else sys.stdout)
+    return EXIT_PROBLEMS if bad else EXIT_OK
+
+
+def _new(args: argparse.Namespace) -> int:
+    from fxrules.tools.scaffold import ScaffoldError, scaffold, write
+
+    try:
+        found = scaffold(args.name, args.family, args.dir)
+        write(found)
+    except ScaffoldError as exc:
+        return _usage(_UsageError(str(exc)))
+    print(f"wrote {found.path}; next: fxrules check {found.path} && fxrules test {found.path}")
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------
@@ -378,12 +613,21 @@ def _apply(args: argparse.Namespace) -> int:
             paths, rules = _load_rule_set(args)
             bar.advance(note="loading the model")
             model = _load_model(args.model)
+            phases: dict[str, float] = {}
+
+            def on_phase(note: str) -> None:
+                phases.setdefault(note.split()[0], time.perf_counter())
+                bar.advance(note=note)
+
             with _api_errors():
+                _warm_up(rules)
                 found = fxrules.apply_and_compare(model, rules, example_inputs=_example_inputs(shapes),
                                                   export=args.export, keep_before=bool(args.diff or args.graph),
-                                                  on_phase=lambda note: bar.advance(note=note))
+                                                  on_phase=on_phase)
             bar.advance()
+            startup = phases.get("rewriting", time.perf_counter()) - getattr(args, "started", time.perf_counter())
             diff = _diff_part(args, found)
+            module_diff = _module_diff_part(args, found)
             out = _out_part(args, found, paths, shapes, bar)
             graph = _graph_part(args, found, model, bar)
     except _UsageError as exc:
@@ -393,10 +637,28 @@ def _apply(args: argparse.Namespace) -> int:
     for message in graph.messages:
         print(message, file=sys.stderr)
     if args.format == "json":
-        _print_json(_apply_json(args, found, paths, shapes, diff, out, graph))
+        _print_json({**_apply_json(args, found, paths, shapes, diff, out, graph),
+                     "module_diff": module_diff.json, "startup_seconds": round(startup, 6)})
     else:
-        print("\n".join(_apply_text(found) + [*diff.text, *out.text, *graph.text]))
+        print("\n".join(_apply_text(found) + [_timing_line(found, startup), *diff.text, *module_diff.text,
+                                               *out.text, *graph.text]))
     return EXIT_OK
+
+
+def _warm_up(rules) -> None:
+    """Pay the one-time costs (compiling the rules, torch's lazily imported shape propagation) on a
+    one-node graph, so the rewrite time reported is the rewrite's, not the process's start-up."""
+    import torch
+
+    import fxrules
+
+    fxrules.apply_rules(torch.fx.symbolic_trace(torch.nn.Identity()), rules, example_inputs=(torch.zeros(1),))
+
+
+def _timing_line(found, startup: float) -> str:
+    """Where the time went: the rewrite (the engine's, as the report says) apart from start-up."""
+    return (f"time: rewrite {found.result.report.seconds * 1000:.1f} ms; before it {startup:.2f} s of start-up "
+            f"(imports, loading the rules and the model, tracing, compiling the rules: once per process)")
 
 
 def _apply_json(args: argparse.Namespace, found, paths: list[str], shapes: list, diff: _Part, out: _Part,
@@ -425,6 +687,27 @@ def _diff_part(args: argparse.Namespace, found) -> _Part:
                               found.code_after.splitlines(keepends=True), "before", "after"))
     text = "".join(lines)
     return _Part(text, ("", text.rstrip("\n") if lines else "the code did not change"))
+
+
+def _module_diff_part(args: argparse.Namespace, found) -> _Part:
+    """--diff, second half: a unified diff of the module tree (types and constructor arguments)."""
+    if not args.diff:
+        return _Part()
+    from fxrules.tools.codediff import unified_diff
+
+    lines = list(unified_diff(_module_tree(found.before), _module_tree(found.module), "modules before",
+                              "modules after"))
+    text = "".join(lines)
+    return _Part(text, ("", text.rstrip("\n") if lines else "the modules did not change"))
+
+
+def _module_tree(module) -> list[str]:
+    """One line per submodule: its path, type and constructor arguments as ``extra_repr`` shows them, so a
+    module swapped for another type, or for the same type built differently (GELU() ->
+    GELU(approximate='tanh')), shows in the diff where the generated code only shows a call."""
+    if module is None:
+        return []
+    return [f"{name}: {type(sub).__name__}({sub.extra_repr()})\n" for name, sub in module.named_modules() if name]
 
 
 def _out_part(args: argparse.Namespace, found, paths: list[str], shapes: list, bar) -> _Part:
@@ -617,12 +900,13 @@ def _rule_paths(paths: Sequence[str]) -> list[str]:
 
 def _load_rule_set(args: argparse.Namespace):
     """(the rule paths, families resolved; the RuleSet). Rule-file errors: compiler style, exit 2."""
-    from fxrules.api import load_rules
     from fxrules.errors import RuleFileError
 
     paths = _rule_paths(args.paths)
+    found = _project(args, paths)
     try:
-        return paths, load_rules(*paths, allow_imports=_allowed(args))
+        with entered():
+            return paths, load_paths(paths, found.resolver, found.configs, found.exclude)
     except RuleFileError as exc:
         raise _Failure(exc.render(), EXIT_USAGE) from None
 
@@ -634,10 +918,15 @@ def _load_model(spec: str):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise _UsageError(f"--model must look like PKG.MODULE:FACTORY, got {spec!r}")
+    _model_search_path()
     try:
         module = importlib.import_module(module_name)  # models are trusted code (see SECURITY.md)
     except Exception as exc:
-        raise _UsageError(f"cannot import {module_name}: {type(exc).__name__}: {_first_line(exc)}") from None
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == module_name.split(".")[0]:
+            hint = (" (models are imported from the working directory and the python-path folders of "
+                    "[tool.fxrules]; run from the project's root or set python-path)")
+        raise _UsageError(f"cannot import {module_name}: {type(exc).__name__}: {_first_line(exc)}{hint}") from None
     target = module
     for part in attr.split("."):
         if not hasattr(target, part):
@@ -654,6 +943,16 @@ def _load_model(spec: str):
     if _is_module(model):
         return model
     raise _UsageError(f"{spec}() returned {type(model).__name__}, not an nn.Module")
+
+
+def _model_search_path() -> None:
+    """Where ``--model`` modules are found: the working directory first (so the ``fxrules`` script finds
+    what ``python -m fxrules`` finds), then the ``python-path`` of the working directory's project."""
+    try:
+        config = discover(os.getcwd())
+    except ConfigError as exc:
+        raise _UsageError(str(exc)) from None
+    Config(python_path=(os.getcwd(), *config.python_path)).put_on_sys_path()
 
 
 def _is_module(value) -> bool:
@@ -727,7 +1026,17 @@ def _api_errors() -> Iterator[None]:
     except ModelError as exc:
         raise _UsageError(_cli_hint(_first_line(exc))) from None
     except FxrulesError as exc:
-        raise _Failure(f"fxrules: {_cli_hint(str(exc))}", EXIT_PROBLEMS) from None
+        raise _Failure(f"fxrules: {_cli_hint(_first_line(exc))}{_node_origin(exc)}", EXIT_PROBLEMS) from None
+
+
+def _node_origin(exc: BaseException) -> str:
+    """Where the failing node came from in the model's own code, on the same line: the error stays one
+    line (the full stack trace, torch's frames included, is the API's, on ``exc.stack_trace``)."""
+    frames = _user_frames(getattr(exc, "stack_trace", None))
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (%{getattr(exc, 'node', '?')} comes from {frame['file']}:{frame['line']} in {frame['function']})"
 
 
 def _cli_hint(message: str) -> str:
@@ -766,9 +1075,11 @@ def _fail(exc: _Failure) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    started = time.perf_counter()
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
+        args.started = started
         if getattr(args, "run", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE

@@ -236,6 +236,17 @@ def _fxrules_version() -> str:
 _counter = itertools.count()
 
 
+def _missing_code(file: Path, exc: BaseException) -> str:
+    """Why a saved module does not load when the code it names (a custom module class, a wrapped
+    function) is not importable here, and what to do about it."""
+    name = getattr(exc, "name", None)
+    what = f"module `{name}`" if isinstance(exc, ImportError) and name else "a class or function"
+    return (f"cannot load {file}: it needs {what}, which this process cannot import ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); the saved module keeps the model's own classes "
+            f"(custom nn.Module subclasses are pickled by reference): make the package that defines them "
+            f"importable (install it, or put its folder on sys.path / PYTHONPATH) before load_saved")
+
+
 def load_saved(directory: Union[str, "os.PathLike[str]"]) -> Any:
     """Load a module saved by :func:`save_module` (``fxrules apply --out``): a ``torch.fx.GraphModule``.
 
@@ -261,10 +272,16 @@ def load_saved(directory: Union[str, "os.PathLike[str]"]) -> Any:
     if spec is None or spec.loader is None:
         raise SaveError(f"cannot load {path / CODE_FILE}")
     code = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(code)
-    with warnings.catch_warnings():  # unpickling torch.export's pytree specs warns about a deprecated isinstance
-        warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
-        state = torch.load(path / STATE_FILE, weights_only=False)  # trusted input only (see the docstring)
+    try:
+        spec.loader.exec_module(code)
+    except ImportError as exc:
+        raise SaveError(_missing_code(path / CODE_FILE, exc)) from exc
+    try:
+        with warnings.catch_warnings():  # unpickling torch.export's pytree specs warns about a deprecated isinstance
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
+            state = torch.load(path / STATE_FILE, weights_only=False)  # trusted input only (see the docstring)
+    except (ImportError, AttributeError) as exc:  # pickle names a class this process cannot find
+        raise SaveError(_missing_code(path / STATE_FILE, exc)) from exc
 
     class_name = str(manifest.get("class_name") or "SavedModule")
     holder_class = type(class_name, (nn.Module,), {"forward": code.forward})

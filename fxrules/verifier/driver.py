@@ -822,6 +822,16 @@ def _verify_rule_runs(rule_set: RuleSet, name: str, options: VerifyOptions) -> R
                        tuple(examples), counterexample, shapes_kept, None if note is None else note.gap)
 
 
+def verify_examples(rule_set: RuleSet, name: str, options: VerifyOptions = VerifyOptions()) -> list[ExampleOutcome]:
+    """Run only the ``example:`` lines of one rule (no host graphs drawn): ``fxrules test``, fast enough to
+    run on every save. Each outcome is graded as :func:`verify_rule` grades examples."""
+    rule = rule_set[name]
+    with warnings.catch_warnings(), entered():  # example models may use deprecated spellings on purpose
+        warnings.simplefilter("ignore")
+        outcomes, _, _ = _check_examples(rule, rule_set, rule_set.select(names=[name]), options)
+    return outcomes
+
+
 def _grade(examples: list[ExampleOutcome], counterexample: Optional[Counterexample], hosts_checked: int,
            min_hosts: int = MIN_HOSTS) -> Grade:
     """A rule's grade: ``wrong`` with a counterexample, else its worst example's; ``unverified``

@@ -106,7 +106,7 @@ def test_exit_2_for_a_missing_path(tmp_path, capsys):
     missing = os.fspath(tmp_path / "nope.fxr")
     assert main(["check", missing]) == 2
     out, err = capsys.readouterr()
-    assert f"{missing}:1:1: error[io-error]" in out + err
+    assert f"{missing}: error[io-error]" in out + err and ":1:1" not in out + err
     assert "Traceback" not in out + err
 
 

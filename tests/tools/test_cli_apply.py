@@ -317,8 +317,9 @@ def test_apply_json_schema(runs, work):
     payload = json.loads(out)
     assert list(payload) == ["version", "command", "model", "rules", "exported", "inputs", "nodes_before",
                              "nodes_after", "seconds", "counts", "applied", "rejected", "notes",
-                             "max_abs_difference", "diff", "saved", "graph"]
+                             "max_abs_difference", "diff", "saved", "graph", "module_diff", "startup_seconds"]
     assert payload["version"] == 1 and payload["command"] == "apply"
+    assert payload["module_diff"].startswith("--- modules before\n") and payload["startup_seconds"] > 0
     assert payload["model"] == "fxrules.zoo:redundant" and payload["exported"] is False
     assert payload["inputs"] == [[2, 3, 16, 16]]
     if LIBRARY is not None:  # the family name resolved to the bundled directory
@@ -510,7 +511,7 @@ def test_explain_text_names_the_rule_position_and_the_model_line(runs, work):
     fold = str(work / "fold.fxr")
     # the condition `not bn.training` is false: its own line and column
     heads = re.findall(rf"^{re.escape(fold)}:3:11: rule `fold_conv2d_bn` did not match at %(\w+): "
-                       r"the pattern matched, but this condition is false$", out, re.M)
+                       r"the pattern matched, but the condition `not bn\.training` is false$", out, re.M)
     assert heads == ["bn", "layers_0_bn1", "layers_0_bn2", "layers_1_bn1", "layers_1_bn2", "layers_1_downsample_1"]
     assert FOLD.splitlines()[2][10:].startswith("not bn.training")
     # each near miss shows where its node came from in the model's code (torch internals left out)
@@ -555,7 +556,8 @@ def test_explain_unknown_rule(runs, work):
 
 ERRORS = {
     "no_module": "fxrules: error: cannot import no_such_pkg_xyz.models: ModuleNotFoundError: No module named "
-                 "'no_such_pkg_xyz'",
+                 "'no_such_pkg_xyz' (models are imported from the working directory and the python-path folders "
+                 "of [tool.fxrules]; run from the project's root or set python-path)",
     "no_attribute": "fxrules: error: cli_light has no attribute 'nope'",
     "bad_spec": "fxrules: error: --model must look like PKG.MODULE:FACTORY, got 'cli_light'",
     "factory_raises": "fxrules: error: cli_light:raises() raised RuntimeError: boom",

@@ -389,7 +389,7 @@ def test_cli_fmt(tmp_path: Path) -> None:
 
     # a missing path is a usage error
     r = fxrules("fmt", "nope.fxr", cwd=tmp_path)
-    assert r.returncode == 2 and "nope.fxr:1:1: error[io-error]" in r.stderr
+    assert r.returncode == 2 and "nope.fxr: error[io-error]" in r.stderr
 
 
 def test_cli_fmt_stdin(tmp_path: Path) -> None:

@@ -31,8 +31,14 @@ class Reporter:
 
 
 def closest(word: str, candidates: Iterable[str]) -> Optional[str]:
-    """The candidate most like ``word`` (``difflib``'s default cut-off), or None."""
-    close = difflib.get_close_matches(word, list(candidates), n=1)
+    """The candidate most like ``word``, or None: one that differs only in case first (``GeLU`` is
+    ``GELU``, not ``GLU``), else ``difflib``'s closest above its default cut-off."""
+    candidates = list(candidates)
+    folded = word.casefold()
+    same = [c for c in candidates if c.casefold() == folded]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(word, candidates, n=1)
     return close[0] if close else None
 
 
