@@ -169,6 +169,55 @@ def finding_sort_key(finding: Finding) -> tuple:
     return (finding.rule.path, finding.rule.line, finding.rule.column, str(finding.code))
 
 
+@dataclass(frozen=True, slots=True)
+class Search:
+    """One host-graph search: which finding it looked for, about which rules, how many hosts it tried,
+    and why it tried none (``note``: no sampler, none matched)."""
+
+    code: FindingCode
+    rules: tuple[str, ...]
+    hosts_tried: int
+    found: bool
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"code": str(self.code), "rules": list(self.rules), "hosts_tried": self.hosts_tried,
+                "found": self.found, "note": self.note}
+
+
+@dataclass(frozen=True, slots=True)
+class AnalysisReport:
+    """What ``fxrules.analyze`` found: findings in file order, the searches behind them, timing."""
+
+    findings: tuple[Finding, ...]
+    rules: int
+    searches: tuple[Search, ...] = ()
+    models: tuple[str, ...] = ()
+    seconds: float = 0.0
+    reproduced: Optional[bool] = None  # with reproduce: whether the witness showed the finding again
+
+    @property
+    def ok(self) -> bool:
+        """No findings."""
+        return not self.findings
+
+    def counts(self) -> dict[str, int]:
+        return {str(code): sum(f.code is code for f in self.findings) for code in FindingCode}
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{n} {code}" for code, n in self.counts().items() if n) or "no findings"
+        hosts = sum(s.hosts_tried for s in self.searches)
+        searched = f"; {len(self.searches)} host searches, {hosts} hosts tried" if self.searches else ""
+        against = f"; against {', '.join(self.models)}" if self.models else ""
+        return (f"fxrules analyze: {self.rules} rule{'s' * (self.rules != 1)}: {counts}{searched}{against} "
+                f"({self.seconds:.1f} s)")
+
+    def to_json(self) -> dict:
+        return {"version": 1, "ok": self.ok, "rules": self.rules, "counts": self.counts(),
+                "seconds": round(self.seconds, 3), "models": list(self.models), "reproduced": self.reproduced,
+                "findings": [f.to_json() for f in self.findings], "searches": [s.to_json() for s in self.searches]}
+
+
 # ---------------------------------------------------------------------------
 # Names: targets compared by their full path as written
 # ---------------------------------------------------------------------------
