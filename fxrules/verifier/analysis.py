@@ -259,11 +259,17 @@ def _loops(searcher: _Searcher, groups: list[tuple[str, ...]]) -> tuple[list[Fin
         refs = tuple(RuleRef.of(rule_set[name]) for name in firing)
         findings.append(Finding(
             FindingCode.LOOP,
-            f"rules {', '.join(f'`{n}`' for n in firing)} rewrite forever: each replacement makes a node the "
-            f"next rule matches",
+            _loop_message(firing),
             refs, (f"found among the candidate cycle {' -> '.join(group)}",),
             searcher.witness(outcome, FindingCode.LOOP, group)))
     return findings, searches
+
+
+def _loop_message(firing: tuple[str, ...]) -> str:
+    if len(firing) == 1:
+        return f"rule `{firing[0]}` rewrites forever: its replacement makes a node it matches again"
+    return (f"rules {', '.join(f'`{n}`' for n in firing)} rewrite forever: each replacement makes a node another "
+            f"of them matches")
 
 
 # ---------------------------------------------------------------------------
