@@ -430,7 +430,7 @@ def _quiet(note: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def analyze(rules, *, against: Iterable[Any] = (), checks: Optional[Iterable[str]] = None, max_examples: int = 20,
+def analyze(rules, *, against: Iterable[Any] = (), checks: Optional[Iterable[str]] = None, max_examples: int = 50,
             seed: Optional[int] = 0, loop_cap: Optional[int] = None, names: Optional[Iterable[str]] = None,
             reproduce: Optional[str] = None, catalogue=None, paths: Optional[Iterable[str]] = None,
             allow_imports: Iterable[str] = ()):

@@ -354,8 +354,8 @@ def _analyze_parser(commands) -> None:
                          help=f"look only for these findings (may be repeated): {', '.join(_ALL_CHECKS)}")
     analyze.add_argument("--static", action="store_true",
                          help="only the checks that need no torch: shadowed and unsatisfiable")
-    analyze.add_argument("--max-examples", type=int, default=20, metavar="N",
-                         help="host graphs drawn per loop or overlap search (default 20)")
+    analyze.add_argument("--max-examples", type=int, default=50, metavar="N",
+                         help="host graphs drawn per loop or overlap search (default 50)")
     analyze.add_argument("--seed", type=int, default=0, metavar="N", help="hypothesis' seed (default 0)")
     analyze.add_argument("--rule", action="append", default=None, metavar="NAME",
                          help="with --reproduce: the rules of the witness (as its replay command names them)")

@@ -71,7 +71,7 @@ class AnalyzeOptions:
     ``loop_cap``: rewrites before a host counts as looping; ``reproduce`` with ``names``: replay one
     witness (the ``@reproduce_failure`` line; ``checks`` one of loop/overlap, ``names`` its rules)."""
 
-    max_examples: int = 20
+    max_examples: int = 50
     seed: Optional[int] = 0
     checks: frozenset = frozenset(FindingCode)
     loop_cap: int = DEFAULT_LOOP_CAP
@@ -111,9 +111,14 @@ class _Shown(Exception):
         self.problem, self.facts, self.code, self.rules = problem, facts, code, rules
 
 
+_NOT_MATCHED = ("not matched", ())
+"""What a search's test returns for a host the rules do not match (it does not count as tried)."""
+
+
 @dataclass
 class _Outcome:
-    tried: int = 0
+    tried: int = 0  # hosts the rules matched (the ones that count)
+    drawn: int = 0  # hosts built and run
     shown: Optional[_Shown] = None
     blob: Optional[str] = None
     note: str = ""
@@ -163,7 +168,10 @@ class _Searcher:
                 reject()
             facts = (f"host drawn around the pattern of `{seed}`, dtype {str(dtype).replace('torch.', '')}",
                      *host.lines)
+            outcome.drawn += 1
             shown = test(host, facts)
+            if shown is _NOT_MATCHED:
+                return  # a valid draw that does not count: the search's cost stays max_examples hosts
             outcome.tried += 1
             if shown is not None:
                 raise _Shown(shown[0], facts, host.module.code, shown[1])
@@ -200,9 +208,11 @@ class _Searcher:
         except DidNotReproduce:
             outcome.reproduced = False
         except Unsatisfiable:
-            outcome.note = "no drawn host was matched by the rules"
+            outcome.note = "no host could be drawn (every draw was discarded)"
         except Flaky as exc:
             outcome.note = f"flaky: {str(exc).splitlines()[0]}"
+        if outcome.tried == 0 and not outcome.note and outcome.shown is None:
+            outcome.note = f"none of the {outcome.drawn} hosts drawn was matched by the rules"
         return outcome
 
     def witness(self, outcome: _Outcome, code: FindingCode, rules: tuple[str, ...]) -> Witness:
@@ -221,15 +231,25 @@ class _Searcher:
 # Loops
 # ---------------------------------------------------------------------------
 
+def _needs_metadata(rule_set: RuleSet) -> bool:
+    """Whether a rule's conditions read anything of a node: only then do hosts get shape metadata
+    (a propagation per run)."""
+    from fxrules.engine.program import compile_rules
+
+    return any(p.needs_metadata or p.conditions for p in compile_rules(rule_set).programs)
+
+
 def _loop_test(rule_set: RuleSet, cap: int):
     from hypothesis import reject
 
     from fxrules.engine.driver import run_apply
     from fxrules.engine.errors import RewriteLoopError
 
+    metadata = _needs_metadata(rule_set)
+
     def test(host, facts):
         try:
-            run_apply(host.module, rule_set, example_inputs=host.inputs, max_iterations=cap)
+            run_apply(host.module, rule_set, example_inputs=host.inputs if metadata else None, max_iterations=cap)
         except RewriteLoopError as exc:
             firing = tuple(r.name for r in rule_set.rules if r.name in set(exc.rules))
             return (f"apply_rules did not reach a fixpoint in {cap} rewrites; these kept firing: "
@@ -285,10 +305,12 @@ def _overlap_test(rule_set: RuleSet, first: CheckedRule, second: CheckedRule):
     forward = _ordered(rule_set, [first.name, second.name])
     backward = _ordered(rule_set, [second.name, first.name])
     contract = "exact" if first.contract == second.contract == "exact" else "approx"
+    metadata = _needs_metadata(forward)
 
     def test(host, facts):
+        inputs = host.inputs if metadata else None
         try:
-            found = run_find(host.module, forward, example_inputs=host.inputs)
+            found = run_find(host.module, forward, example_inputs=inputs)
         except FxrulesError:
             reject()
         nodes = {name: set() for name in (first.name, second.name)}
@@ -296,10 +318,10 @@ def _overlap_test(rule_set: RuleSet, first: CheckedRule, second: CheckedRule):
             if match.rejected is None:
                 nodes[match.rule].update(match.nodes)
         if not nodes[first.name] & nodes[second.name]:
-            reject()  # the two rules do not both match a node here
+            return _NOT_MATCHED  # the two rules do not both match a node here
         try:
-            one = run_apply(host.module, forward, example_inputs=host.inputs)
-            other = run_apply(host.module, backward, example_inputs=host.inputs)
+            one = run_apply(host.module, forward, example_inputs=inputs)
+            other = run_apply(host.module, backward, example_inputs=inputs)
             after_one, after_other = _run(one.module, host.inputs), _run(other.module, host.inputs)
         except Exception:
             reject()  # a rule fails, or a rewritten host does not run: not this finding
