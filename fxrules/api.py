@@ -430,11 +430,11 @@ def _quiet(note: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def analyze(rules, *, against: Iterable[Any] = (), checks: Optional[Iterable[str]] = None, max_examples: int = 50,
-            seed: Optional[int] = 0, loop_cap: Optional[int] = None, names: Optional[Iterable[str]] = None,
-            reproduce: Optional[str] = None, catalogue=None, paths: Optional[Iterable[str]] = None,
+def analyze(rules, *, against: Iterable[Any] = (), checks: Optional[Iterable[str]] = None,
+            max_examples: int = 50, seed: Optional[int] = 0, loop_cap: Optional[int] = None,
+            names: Optional[Iterable[str]] = None, reproduce: Optional[str] = None, catalogue=None, paths: Optional[Iterable[str]] = None,
             allow_imports: Iterable[str] = ()):
-    """Analyse a rule set as a whole; returns a :class:`fxrules.verifier.analysis.AnalysisReport`.
+    """Analyse a rule set as a whole; returns a :class:`fxrules.lang.analysis.AnalysisReport`.
 
     Findings (docs/analyze.md), each a :class:`fxrules.lang.analysis.Finding` with a stable
     :class:`~fxrules.lang.analysis.FindingCode`, the rules involved (file:line:col) and a witness
