@@ -323,3 +323,76 @@ def test_static_analysis_runs_with_torch_blocked():
     run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "exit 0" in run.stdout and "no findings" in run.stdout
+
+
+# ---------------------------------------------------------------------------
+# soundness: an unsatisfiable verdict is checked against every assignment
+# ---------------------------------------------------------------------------
+
+_ATOMS = [
+    "$x.ndim == 2", "$x.ndim != 2", "$x.ndim > 1", "$x.ndim <= 3", "$x.ndim < 1", "$x.ndim >= 4",
+    "$x.ndim in [1, 3]", "$x.ndim not in [0, 1, 2]", "2 < $x.ndim", "$x.ndim == 2.5",
+    "$x.dtype == torch.float32", "$x.dtype != torch.float", "$x.dtype == torch.int64",
+    "$x.dtype in [torch.float16, torch.int64]", "is_floating($x)", "$x.dtype == torch.bool",
+    "d.training", "d.p == 0.5", "d.p > 0.2", "True", "1 == 2",
+]
+_DTYPES = ["torch.float32", "torch.float16", "torch.int64", "torch.bool"]
+
+
+def _holds(cond, env) -> bool:
+    """The condition's value under ``env`` (subject text -> value), for the atoms above."""
+    import fxrules.lang.ast as A
+    from fxrules.lang.printer import print_cond
+
+    if isinstance(cond, A.CBinary) and cond.op in ("and", "or"):
+        left, right = _holds(cond.left, env), _holds(cond.right, env)
+        return (left and right) if cond.op == "and" else (left or right)
+    if isinstance(cond, A.CUnary) and cond.op == "not":
+        return not _holds(cond.operand, env)
+    if isinstance(cond, A.CCall):
+        return env["$x.dtype"] in ("torch.float32", "torch.float16")
+    if isinstance(cond, A.CBinary):
+        left, right = _value(cond.left, env), _value(cond.right, env)
+        return {"==": lambda: left == right, "!=": lambda: left != right, "<": lambda: left < right,
+                "<=": lambda: left <= right, ">": lambda: left > right, ">=": lambda: left >= right,
+                "in": lambda: left in right, "not in": lambda: left not in right}[cond.op]()
+    text = print_cond(cond)
+    return bool(env[text]) if text in env else bool(_value(cond, env))
+
+
+def _value(cond, env):
+    import fxrules.lang.ast as A
+    from fxrules.lang.printer import print_cond
+
+    if isinstance(cond, A.CLiteral):
+        return cond.value
+    if isinstance(cond, A.CList):
+        return [_value(i, env) for i in cond.items]
+    text = print_cond(cond)
+    if text in env:
+        return env[text]
+    return {"torch.float": "torch.float32"}.get(text, text)  # a dotted constant
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_unsatisfiable_verdict_is_true_for_every_assignment(seed):
+    import itertools
+    import random
+
+    generator = random.Random(seed)
+    checked = 0
+    for _ in range(60):
+        picked = generator.sample(_ATOMS, generator.randint(1, 4))
+        joined = picked[0]
+        for atom in picked[1:]:
+            joined = f"({joined}) {generator.choice(['and', 'or', 'and not'])} ({atom})"
+        text = (f'rule r "fuzz":\n    call_module Dropout($x) as d\n    where {joined}\n    -> $x\n')
+        rule = _rules(text)["r"]
+        [cond] = rule.ast.conditions
+        if unsatisfiable(rule) is None:
+            continue
+        checked += 1
+        for ndim, dtype, training, p in itertools.product(range(6), _DTYPES, (False, True), (0.1, 0.5, 0.9)):
+            env = {"$x.ndim": ndim, "$x.dtype": dtype, "d.training": training, "d.p": p}
+            assert not _holds(cond, env), (joined, env)
+    assert checked > 0  # the seeds give contradictions (about 7 in 60 each)
