@@ -764,8 +764,8 @@ def unsatisfiable(rule: CheckedRule) -> Optional[Finding]:
 class _Renamer:
     """An earlier rule's condition in the later rule's terms, through a generalisation's mapping."""
 
-    def __init__(self, mapping: _Mapping):
-        self.mapping = mapping
+    def __init__(self, mapping: _Mapping, bound: frozenset, aliases: Mapping[str, str]):
+        self.mapping, self.bound, self.aliases = mapping, bound, aliases
 
     def cond(self, cond: A.Cond) -> Optional[A.Cond]:
         if isinstance(cond, A.CCapture):
@@ -773,7 +773,16 @@ class _Renamer:
         if isinstance(cond, A.CName):
             if cond.name in self.mapping.names:
                 return self.term(self.mapping.names[cond.name])
+            if cond.name in self.bound:
+                return None  # a name an option the variant did not choose binds
             return cond  # a predicate or the head of a dotted constant
+        chain = A.name_chain(cond)
+        if chain is not None and len(chain) > 1 and chain[0] not in self.bound:
+            full = expand(chain, self.aliases) or ".".join(chain)  # a constant, by its full path
+            restated: A.Cond = A.CName(full.split(".")[0])
+            for part in full.split(".")[1:]:
+                restated = A.CAttr(restated, part)
+            return restated
         if isinstance(cond, A.CLiteral):
             return cond
         if isinstance(cond, A.CAttr):
@@ -814,7 +823,7 @@ def _implied(earlier: CheckedRule, later: CheckedRule, later_variant: A.Expr, ma
     negation contradicts them. Anything else is undecided, which counts as not implied."""
     if not earlier.ast.conditions:
         return True
-    renamer = _Renamer(mapping)
+    renamer = _Renamer(mapping, _bound_names(earlier.ast.patterns), earlier.aliases)
     later_reader = _Conditions(later.aliases, _bound_names(later.ast.patterns))
     later_clauses = _clauses(later, later_reader)
     facts = _pattern_facts(later_variant)
@@ -884,10 +893,16 @@ def _first_taker(earlier: list[CheckedRule], expanded: dict, later: CheckedRule,
     for candidate in earlier:
         if _may_decline(candidate) or expanded[candidate.name] is None:
             continue
+        unifier = _Unifier(candidate.aliases, later.aliases)
         for option in expanded[candidate.name]:
             generaliser = _Generaliser(candidate.aliases, later.aliases)
             if generaliser.general(option, variant) and _implied(candidate, later, variant, generaliser.mapping):
                 return candidate
+            if candidate.ast.conditions and unifier.unify(option, variant):
+                # The engine takes an alternation's first option that matches and evaluates the
+                # conditions with its bindings: an earlier option that may match this node may
+                # bind differently and fail the conditions, so no later option can be relied on.
+                break
     return None
 
 

@@ -396,3 +396,43 @@ def test_every_unsatisfiable_verdict_is_true_for_every_assignment(seed):
             env = {"$x.ndim": ndim, "$x.dtype": dtype, "d.training": training, "d.p": p}
             assert not _holds(cond, env), (joined, env)
     assert checked > 0  # the seeds give contradictions (about 7 in 60 each)
+
+
+def test_an_earlier_alternative_that_may_match_with_other_bindings_stops_the_proof():
+    text = """\
+rule either_order "the first option that matches binds $x; the condition reads it" [exact]:
+    (call_function operator.add($x, $y) | call_function operator.add($y, $x))
+    where $x.ndim == 2
+    -> call_function torch.add($x, $y)
+
+rule left_2d "add(a, b) with b 2-d: option 1 binds $x to a, whose ndim is unknown" [exact]:
+    call_function operator.add($a, $b)
+    where $b.ndim == 2
+    -> call_function torch.add($b, $a)
+"""
+    assert _codes(text) == []
+    left = text.replace("where $b.ndim == 2", "where $a.ndim == 2")
+    assert _codes(left) == [("shadowed", "left_2d")]
+
+
+def test_constants_compare_by_full_path_across_files_with_different_aliases():
+    first = fxrules.parse_rules("""\
+use torch as T
+rule not_half "a":
+    call_function torch.sigmoid($x)
+    where $x.dtype != T.float16
+    -> call_function torch.tanh($x)
+""", "a.fxr")
+    second = fxrules.parse_rules("""\
+rule is_float32 "b: float32 is not float16":
+    call_function torch.sigmoid($x)
+    where $x.dtype == torch.float32
+    -> call_function torch.tanh($x)
+
+rule is_half "c: float16 is what the first excludes":
+    call_function torch.sigmoid($x)
+    where $x.dtype == torch.half
+    -> call_function torch.tanh($x)
+""", "b.fxr")
+    found = [(str(f.code), f.rule.name) for f in static_findings(first + second)]
+    assert found == [("shadowed", "is_float32")]
