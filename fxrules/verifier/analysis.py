@@ -111,8 +111,20 @@ class _Shown(Exception):
         self.problem, self.facts, self.code, self.rules = problem, facts, code, rules
 
 
-_NOT_MATCHED = ("not matched", ())
-"""What a search's test returns for a host the rules do not match (it does not count as tried)."""
+@dataclass(frozen=True, slots=True)
+class _HostVerdict:
+    """What one host showed: whether it counts (the rules matched it), and the finding it shows, if any
+    (``problem``, and the rules involved)."""
+
+    counts: bool
+    problem: Optional[str] = None
+    rules: tuple[str, ...] = ()
+
+
+_NOT_MATCHED = _HostVerdict(False)
+"""A host the rules do not match: a valid draw that does not count as tried."""
+_NOTHING = _HostVerdict(True)
+"""A host the rules match that shows nothing."""
 
 
 @dataclass
@@ -138,10 +150,9 @@ class _Searcher:
         self.programs = {p.name: p for p in compile_rules(rule_set).programs}
 
     def search(self, code: FindingCode, rules: tuple[str, ...], seeds: tuple[str, ...],
-               test: Callable[[Any, tuple], Optional[tuple[str, tuple]]]) -> _Outcome:
-        """Draw hosts around the patterns of ``seeds``; ``test(host, facts)`` returns (problem, rules
-        involved) when the host shows the finding, None when it does not, and calls ``reject()`` when
-        the host does not count (the rules do not match it)."""
+               test: Callable[[Any], _HostVerdict]) -> _Outcome:
+        """Draw hosts around the patterns of ``seeds`` and judge each with ``test(host)``; ``test`` may
+        call ``reject()`` for a host that is no valid draw (a rule fails on it)."""
         from hypothesis import HealthCheck, Phase, given, reject, settings
         from hypothesis import strategies as st
         from hypothesis.errors import DidNotReproduce, Flaky, Unsatisfiable
@@ -169,12 +180,12 @@ class _Searcher:
             facts = (f"host drawn around the pattern of `{seed}`, dtype {str(dtype).replace('torch.', '')}",
                      *host.lines)
             outcome.drawn += 1
-            shown = test(host, facts)
-            if shown is _NOT_MATCHED:
+            verdict = test(host)
+            if not verdict.counts:
                 return  # a valid draw that does not count: the search's cost stays max_examples hosts
             outcome.tried += 1
-            if shown is not None:
-                raise _Shown(shown[0], facts, host.module.code, shown[1])
+            if verdict.problem is not None:
+                raise _Shown(verdict.problem, facts, host.module.code, verdict.rules)
 
         phases = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
         configured = settings(max_examples=options.max_examples, deadline=None, phases=phases, database=None,
@@ -247,16 +258,16 @@ def _loop_test(rule_set: RuleSet, cap: int):
 
     metadata = _needs_metadata(rule_set)
 
-    def test(host, facts):
+    def test(host) -> _HostVerdict:
         try:
             run_apply(host.module, rule_set, example_inputs=host.inputs if metadata else None, max_iterations=cap)
         except RewriteLoopError as exc:
             firing = tuple(r.name for r in rule_set.rules if r.name in set(exc.rules))
-            return (f"apply_rules did not reach a fixpoint in {cap} rewrites; these kept firing: "
-                    f"{', '.join(firing)}", firing)
+            return _HostVerdict(True, f"apply_rules did not reach a fixpoint in {cap} rewrites; these kept "
+                                      f"firing: {', '.join(firing)}", firing)
         except FxrulesError:
             reject()  # a rule fails on this host: another error than a loop
-        return None
+        return _NOTHING
 
     return test
 
@@ -307,7 +318,7 @@ def _overlap_test(rule_set: RuleSet, first: CheckedRule, second: CheckedRule):
     contract = "exact" if first.contract == second.contract == "exact" else "approx"
     metadata = _needs_metadata(forward)
 
-    def test(host, facts):
+    def test(host) -> _HostVerdict:
         inputs = host.inputs if metadata else None
         try:
             found = run_find(host.module, forward, example_inputs=inputs)
@@ -326,15 +337,15 @@ def _overlap_test(rule_set: RuleSet, first: CheckedRule, second: CheckedRule):
         except Exception:
             reject()  # a rule fails, or a rewritten host does not run: not this finding
         if one.module.code == other.module.code:
-            return None
+            return _NOTHING
         outcome = compare(after_other, after_one, contract)
         if outcome.problem is None:
-            return None
+            return _NOTHING
         difference = "" if outcome.max_abs is None else f" (max |difference| {outcome.max_abs:.3g})"
-        return (f"`{first.name}` first and `{second.name}` first give different outputs: "
-                f"{outcome.problem.replace('after the rewrite', 'between the two orders')}{difference}; "
-                f"{first.name} first applied {_counts(one)}, {second.name} first applied {_counts(other)}",
-                (first.name, second.name))
+        return _HostVerdict(True, f"`{first.name}` first and `{second.name}` first give different outputs: "
+                            f"{outcome.problem.replace('after the rewrite', 'between the two orders')}{difference}; "
+                            f"{first.name} first applied {_counts(one)}, {second.name} first applied "
+                            f"{_counts(other)}", (first.name, second.name))
 
     return test
 
