@@ -155,3 +155,18 @@ def test_the_bundled_library_analyses_statically_clean(capsys):
     library = os.path.join(os.path.dirname(__file__), "..", "..", "rules")
     assert main(["analyze", "--static", library]) == 0
     assert re.search(r"\d+ rules: no findings", capsys.readouterr().out)
+
+
+def test_the_static_pre_commit_hook_needs_no_torch():
+    """fxrules-analyze runs `fxrules analyze --static` with lark only; the full one is opt-in with torch."""
+    import yaml
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, ".pre-commit-hooks.yaml"), encoding="utf-8") as handle:
+        hooks = {hook["id"]: hook for hook in yaml.safe_load(handle)}
+    static, full = hooks["fxrules-analyze"], hooks["fxrules-analyze-full"]
+    assert static["entry"] == "fxrules analyze --static" and not static.get("additional_dependencies")
+    assert static["require_serial"] is True
+    assert full["entry"] == "fxrules analyze"
+    assert any(d.startswith("torch") for d in full["additional_dependencies"])
+    assert "hypothesis" in full["additional_dependencies"]
