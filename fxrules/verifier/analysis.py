@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import shlex
 import time
 import warnings
@@ -137,6 +138,18 @@ class _Outcome:
     reproduced: Optional[bool] = None
 
 
+@contextlib.contextmanager
+def _quiet_logs():
+    """Hold back torch's error logs while hosts are judged: a host a rewrite breaks makes shape
+    propagation log a traceback per node (fake tensors), and such a host is only not counted."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
 class _Searcher:
     """Draws hosts around the patterns of some rules and tests a property on each (see the module docstring)."""
 
@@ -202,7 +215,7 @@ class _Searcher:
         from hypothesis.reporting import with_reporter
 
         try:
-            with with_reporter(lambda *_: None), warnings.catch_warnings():
+            with with_reporter(lambda *_: None), warnings.catch_warnings(), _quiet_logs():
                 warnings.simplefilter("ignore")
                 wrapped()
             if options.reproduce is not None:
@@ -251,8 +264,6 @@ def _needs_metadata(rule_set: RuleSet) -> bool:
 
 
 def _loop_test(rule_set: RuleSet, cap: int):
-    from hypothesis import reject
-
     from fxrules.engine.driver import run_apply
     from fxrules.engine.errors import RewriteLoopError
 
@@ -265,8 +276,8 @@ def _loop_test(rule_set: RuleSet, cap: int):
             firing = tuple(r.name for r in rule_set.rules if r.name in set(exc.rules))
             return _HostVerdict(True, f"apply_rules did not reach a fixpoint in {cap} rewrites; these kept "
                                       f"firing: {', '.join(firing)}", firing)
-        except FxrulesError:
-            reject()  # a rule fails on this host: another error than a loop
+        except Exception:  # a rule fails on this host (FxrulesError), or the host cannot be prepared:
+            return _NOT_MATCHED  # not a loop, and not a host to judge (a valid draw: the search stays bounded)
         return _NOTHING
 
     return test
@@ -307,9 +318,7 @@ def _loop_message(firing: tuple[str, ...]) -> str:
 # Overlaps
 # ---------------------------------------------------------------------------
 
-def _overlap_test(rule_set: RuleSet, first: CheckedRule, second: CheckedRule):
-    from hypothesis import reject
-
+def _overlap_test(rule_set: RuleSet, first: CheckedRule, second: CheckedRule, cap: int):
     from fxrules.engine.driver import run_apply, run_find
     from fxrules.verifier.driver import compare
 
@@ -322,8 +331,8 @@ def _overlap_test(rule_set: RuleSet, first: CheckedRule, second: CheckedRule):
         inputs = host.inputs if metadata else None
         try:
             found = run_find(host.module, forward, example_inputs=inputs)
-        except FxrulesError:
-            reject()
+        except Exception:  # a rule fails on this host, or the host cannot be prepared: not a host to judge
+            return _NOT_MATCHED
         nodes = {name: set() for name in (first.name, second.name)}
         for match in found:
             if match.rejected is None:
@@ -331,11 +340,11 @@ def _overlap_test(rule_set: RuleSet, first: CheckedRule, second: CheckedRule):
         if not nodes[first.name] & nodes[second.name]:
             return _NOT_MATCHED  # the two rules do not both match a node here
         try:
-            one = run_apply(host.module, forward, example_inputs=inputs)
-            other = run_apply(host.module, backward, example_inputs=inputs)
+            one = run_apply(host.module, forward, example_inputs=inputs, max_iterations=cap)
+            other = run_apply(host.module, backward, example_inputs=inputs, max_iterations=cap)
             after_one, after_other = _run(one.module, host.inputs), _run(other.module, host.inputs)
-        except Exception:
-            reject()  # a rule fails, or a rewritten host does not run: not this finding
+        except Exception:  # a rule fails, the pair loops (a loop finding), or a rewritten host does not run
+            return _NOT_MATCHED
         if one.module.code == other.module.code:
             return _NOTHING
         outcome = compare(after_other, after_one, contract)
@@ -362,7 +371,7 @@ def _overlaps(searcher: _Searcher, pairs: list[tuple[str, str]]) -> tuple[list[F
     for first_name, second_name in pairs:
         first, second = rule_set[first_name], rule_set[second_name]
         outcome = searcher.search(FindingCode.OVERLAP, (first_name, second_name), (first_name, second_name),
-                                  _overlap_test(rule_set, first, second))
+                                  _overlap_test(rule_set, first, second, searcher.options.loop_cap))
         searches.append(Search(FindingCode.OVERLAP, (first_name, second_name), outcome.tried,
                                outcome.shown is not None, outcome.note))
         if outcome.shown is None:
