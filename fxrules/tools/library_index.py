@@ -71,9 +71,9 @@ of another family, and the swaps are experiments meant to be loaded on their own
 * `fold_linear_bn` (fold) and `prune_linear` (swap): on a square Linear followed by a BatchNorm1d,
   folding first prunes the folded layer (and the batch norm with it), pruning first keeps the batch norm.
 
-The analysis of the whole library takes about 20 s of CPU (50 host graphs per loop or overlap
-candidate; 30-60 s of wall time on a shared machine); `fxrules analyze --static rules/` takes under
-0.1 s after loading.
+The analysis of the whole library takes about 16 s (15 s of CPU: 32 host searches, 50 host graphs
+each, 778 counted); `fxrules analyze --static rules/` about 2 s, almost all of it loading the rules
+(the static analysis itself: 0.01 s).
 """
 
 
