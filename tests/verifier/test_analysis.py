@@ -211,3 +211,21 @@ def test_the_bundled_library_findings_are_the_documented_ones():
     swaps = {r.name for r in fxrules.load_rules(fxrules.LIBRARY / "swap")}
     assert all(any(r.name in swaps for r in f.rules) for f in report.findings)
     assert len(report.searches) > 20 and sum(s.hosts_tried for s in report.searches) > 300
+
+
+def test_a_looping_pair_that_also_overlaps_is_a_loop_and_its_overlap_search_stays_bounded():
+    """`sum(x, dim=1)` and `sum(x, 1)` are one node to the engine: each rule matches its own output.
+    The overlap search must not spend a full rewrite budget per host on the loop (it did: 3 minutes)."""
+    text = """\
+rule keyword "sum with a keyword" [exact]:
+    call_function torch.sum($x, dim=1) -> call_function torch.sum($x, 1)
+
+rule positional "sum positional" [exact]:
+    call_function torch.sum($x, 1) -> call_function torch.sum($x, dim=1)
+"""
+    report = fxrules.analyze(_rules(text, "sum.fxr"), max_examples=10)
+    assert [f.code for f in report.findings if f.code is not FindingCode.LOOP] == []
+    assert any(f.code is FindingCode.LOOP for f in report.findings)
+    overlap = [s for s in report.searches if s.code is FindingCode.OVERLAP]
+    assert all(not s.found for s in overlap)
+    assert report.seconds < 60
