@@ -8,7 +8,8 @@ Importing fxrules does not import torch: the front end (``load_rules``,
 from pathlib import Path as _Path
 
 from fxrules.api import (
-    ApplyComparison, Capture, ComparisonError, OutputDifference, Timings, apply_and_compare, apply_rules, capture,
+    ApplyComparison, Capture, ComparisonError, OutputDifference, Timings, analyze, apply_and_compare, apply_rules,
+    capture,
     compare_outputs, explain, find_matches, load_rules, parse_rules,
 )
 from fxrules.errors import Diagnostic, FxrulesError, RuleFileError
@@ -38,6 +39,10 @@ _LAZY = {
     "Grade": ("fxrules.verifier.driver", "Grade"),
     "RefusalCode": ("fxrules.engine.refusals", "RefusalCode"),
     "MissCode": ("fxrules.engine.refusals", "MissCode"),
+    "AnalysisReport": ("fxrules.lang.analysis", "AnalysisReport"),
+    "Against": ("fxrules.verifier.analysis", "Against"),
+    "Finding": ("fxrules.lang.analysis", "Finding"),
+    "FindingCode": ("fxrules.lang.analysis", "FindingCode"),
 }
 
 
@@ -57,5 +62,6 @@ __all__ = [
     "RewriteResult", "RuleFileError", "RuleSet", "apply_rules", "explain", "find_matches", "load_rules",
     "parse_rules", "RulePass", "compile_backend", "load_saved", "verify", "VerifyReport", "Grade", "RefusalCode", "MissCode",
     "ApplyComparison", "Capture", "ComparisonError", "OutputDifference", "Timings", "apply_and_compare", "capture",
-    "compare_outputs", "Config", "ConfigError", "ConfigWarning",
+    "compare_outputs", "Config", "ConfigError", "ConfigWarning", "analyze", "Against", "AnalysisReport", "Finding",
+    "FindingCode",
 ]

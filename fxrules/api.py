@@ -432,3 +432,59 @@ def _run(module: Any, inputs: tuple) -> Any:
 
 def _quiet(note: str) -> None:
     """The default ``on_phase``: no progress display."""
+
+
+# ---------------------------------------------------------------------------
+# Analysing a rule set as a whole
+# ---------------------------------------------------------------------------
+
+
+def analyze(rules, *, against: Iterable[Any] = (), checks: Optional[Iterable[str]] = None,
+            max_examples: int = 50, seed: Optional[int] = 0, loop_cap: Optional[int] = None,
+            names: Optional[Iterable[str]] = None, reproduce: Optional[str] = None, catalogue=None, paths: Optional[Iterable[str]] = None,
+            allow_imports: Iterable[str] = ()):
+    """Analyse a rule set as a whole; returns a :class:`fxrules.lang.analysis.AnalysisReport`.
+
+    Findings (docs/analyze.md), each a :class:`fxrules.lang.analysis.Finding` with a stable
+    :class:`~fxrules.lang.analysis.FindingCode`, the rules involved (file:line:col) and a witness
+    host graph where one exists: ``shadowed``, ``unsatisfiable`` (decided without torch),
+    ``loop`` and ``overlap`` (candidates confirmed on host graphs drawn by hypothesis,
+    ``max_examples`` per search, ``seed`` 0 by default so runs repeat), ``dead`` (only with
+    ``against``: models, ``(model, example_inputs)`` pairs or
+    :class:`fxrules.verifier.analysis.Against` values).
+
+    ``checks``: the finding codes to look for (default: all). ``reproduce`` with ``names`` and one
+    check (``loop`` or ``overlap``): replay the witness a finding printed (its
+    ``@reproduce_failure`` line); the report's ``reproduced`` says whether it showed the finding again.
+    ``paths``: the rule paths a witness's replay command names (default: the paths ``rules`` names,
+    else the rules' files).
+    """
+    from fxrules.lang.analysis import FindingCode
+    from fxrules.verifier.analysis import DEFAULT_LOOP_CAP, AnalyzeOptions, analyze_rule_set
+
+    with entered():
+        rule_set = as_rule_set(rules, allow_imports)
+    wanted = frozenset(FindingCode(c) for c in checks) if checks is not None else frozenset(FindingCode)
+    if max_examples < 1:
+        raise ValueError("max_examples must be at least 1")
+    if paths is None:
+        given = [rules] if isinstance(rules, (str, os.PathLike)) else rules if isinstance(rules, (list, tuple)) else ()
+        paths = tuple(dict.fromkeys(os.fspath(p) for p in given))
+    paths = tuple(paths)
+    options = AnalyzeOptions(max_examples=max_examples, seed=seed, checks=wanted,
+                             loop_cap=loop_cap if loop_cap is not None else DEFAULT_LOOP_CAP, catalogue=catalogue,
+                             reproduce=reproduce, names=None if names is None else tuple(names),
+                             paths=paths or tuple(dict.fromkeys(r.ast.span.path for r in rule_set.rules)))
+    return analyze_rule_set(rule_set, tuple(_against(item) for item in against), options)
+
+
+def _against(item: Any):
+    """A model to analyse against, as an ``Against``: given as one, as a model, or as (model, example_inputs)."""
+    from fxrules.verifier.analysis import Against
+
+    if isinstance(item, Against):
+        return item
+    if isinstance(item, tuple) and len(item) == 2:
+        model, inputs = item
+        return Against(model, None if inputs is None else tuple(inputs))
+    return Against(item)

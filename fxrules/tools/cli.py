@@ -88,6 +88,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _test_parser(commands)
     _new_parser(commands)
     _lsp_parser(commands)
+    _analyze_parser(commands)
     return parser
 
 
@@ -584,6 +585,149 @@ def _new(args: argparse.Namespace) -> int:
         return _usage(_UsageError(str(exc)))
     print(f"wrote {found.path}; next: fxrules check {found.path} && fxrules test {found.path}")
     return EXIT_OK
+
+
+# ---------------------------------------------------------------------------
+# analyze
+# ---------------------------------------------------------------------------
+
+_STATIC_CHECKS = ("shadowed", "unsatisfiable")
+_ALL_CHECKS = ("shadowed", "loop", "overlap", "unsatisfiable", "dead")
+
+
+def _analyze_parser(commands) -> None:
+    analyze = commands.add_parser(
+        "analyze", help="find shadowed, looping, overlapping, unsatisfiable and dead rules in a rule set",
+        description="Analyse rule files as one rule set (docs/analyze.md). Exit 0 with no findings, 1 with "
+                    "findings, 2 on usage errors (bad rule files included). --static runs only the checks that "
+                    "need no torch (shadowed, unsatisfiable), as the fxrules-analyze pre-commit hook does.")
+    analyze.add_argument("paths", nargs="+", metavar="PATH",
+                         help="rule files or directories, or the name of a bundled rule family (such as cleanup)")
+    analyze.add_argument("--against", action="append", default=[], metavar="PKG.MODULE:FACTORY",
+                         help="a model to look for dead rules in (may be repeated; each gets the --input shapes)")
+    analyze.add_argument("--input", action="append", default=[], metavar="SHAPE",
+                         help="an example input shape for the --against models, such as 2x3x32x32 (repeat for "
+                              "several inputs)")
+    analyze.add_argument("--only", action="append", default=None, choices=_ALL_CHECKS, metavar="CHECK",
+                         help=f"look only for these findings (may be repeated): {', '.join(_ALL_CHECKS)}")
+    analyze.add_argument("--static", action="store_true",
+                         help="only the checks that need no torch: shadowed and unsatisfiable")
+    analyze.add_argument("--max-examples", type=int, default=50, metavar="N",
+                         help="host graphs drawn per loop or overlap search (default 50)")
+    analyze.add_argument("--seed", type=int, default=0, metavar="N", help="hypothesis' seed (default 0)")
+    analyze.add_argument("--rule", action="append", default=None, metavar="NAME",
+                         help="with --reproduce: the rules of the witness (as its replay command names them)")
+    analyze.add_argument("--reproduce", metavar="LINE",
+                         help="replay one witness: the @reproduce_failure(...) line a finding printed (with "
+                              "--only loop or --only overlap and its --rule names)")
+    analyze.add_argument("--format", choices=("text", "json", "github", "sarif"), default="text",
+                         help="text for people, json for machines (schema: docs/analyze.md), github for workflow "
+                              "annotations, sarif for code scanning (SARIF 2.1.0)")
+    _project_arguments(analyze)
+    _output_arguments(analyze)
+    analyze.set_defaults(run=_analyze)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    try:
+        checks = tuple(dict.fromkeys(args.only or (_STATIC_CHECKS if args.static else _ALL_CHECKS)))
+        if args.static and set(checks) - set(_STATIC_CHECKS):
+            raise _UsageError(f"--static runs only {', '.join(_STATIC_CHECKS)}; drop --static for the others")
+        if args.max_examples < 1:
+            raise _UsageError("--max-examples must be at least 1")
+        if args.input and not args.against:
+            raise _UsageError("--input gives the shapes of the --against models: give --against too")
+        if args.reproduce is not None and (len(checks) != 1 or checks[0] not in ("loop", "overlap") or not args.rule):
+            raise _UsageError("--reproduce replays one witness: give --only loop or --only overlap and its --rule "
+                              "names (its replay command has them)")
+        paths, rule_set = _load_rule_set(args)
+        unknown = [name for name in args.rule or () if name not in rule_set]
+        if unknown:
+            raise _UsageError(f"no rule named {unknown[0]!r} in {', '.join(args.paths)}")
+        if args.static or set(checks) <= set(_STATIC_CHECKS):
+            report = _analyze_static(rule_set, checks)  # never imports torch (the pre-commit hook)
+        else:
+            report = _analyze_full(args, paths, rule_set, checks)
+    except _UsageError as exc:
+        return _usage(exc)
+    except _Failure as exc:
+        return _fail(exc)
+    _ANALYZE_RENDERERS[args.format](report, dict(rule_set.sources))
+    if report.reproduced is False:
+        return EXIT_PROBLEMS
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def _analyze_static(rule_set, checks: tuple):
+    import time
+
+    from fxrules.lang.analysis import AnalysisReport, static_findings
+
+    start = time.perf_counter()
+    with entered():
+        findings = tuple(f for f in static_findings(rule_set) if str(f.code) in checks)
+    return AnalysisReport(findings, len(rule_set), seconds=time.perf_counter() - start)
+
+
+def _analyze_full(args: argparse.Namespace, paths: list[str], rule_set, checks: tuple):
+    import fxrules
+    from fxrules.tools.progress import progress, should_show
+
+    shapes = [_shape(s) for s in args.input]
+    against = [_against_model(spec, shapes) for spec in args.against]
+    with progress(1, "analyze", should_show(args.format)) as bar:
+        bar.note("analysing")
+        try:
+            with _api_errors():
+                report = fxrules.analyze(rule_set, against=against, checks=checks, max_examples=args.max_examples,
+                                         seed=args.seed, names=args.rule, reproduce=args.reproduce,
+                                         paths=args.paths)
+        except ValueError as exc:  # a malformed --reproduce line
+            raise _UsageError(str(exc)) from None
+    return report
+
+
+def _against_model(spec: str, shapes: list):
+    import fxrules
+
+    return fxrules.Against(_load_model(spec), _example_inputs(shapes), spec)
+
+
+def _analyze_text(report, sources: dict) -> None:
+    for finding in report.findings:
+        print(finding.render(sources.get(finding.rule.path)))
+        print()
+    if report.reproduced is not None:
+        print("the witness reproduced the finding" if report.reproduced else
+              "the witness did not reproduce (the rules, their samplers or hypothesis changed)")
+    quiet = [s for s in report.searches if s.hosts_tried == 0 and s.note]
+    for search in quiet:
+        print(f"note: {search.code} between {', '.join(search.rules)} not tried: {search.note}", file=sys.stderr)
+    sys.stdout.flush()
+    print(report.summary(), file=sys.stderr if report.findings else sys.stdout)
+
+
+def _analyze_json(report, sources: dict) -> None:
+    _print_json(report.to_json())
+
+
+def _analyze_github(report, sources: dict) -> None:
+    for finding in report.findings:
+        d = finding.to_diagnostic()
+        message = d.message + "".join(f" ({n})" for n in d.notes)
+        print(f"::warning file={_property(d.path)},line={d.line},col={d.column},title={_property(d.code)}"
+              f"::{_data(message)}")
+
+
+def _analyze_sarif(report, sources: dict) -> None:
+    from fxrules.lang.analysis import FINDING_CODES
+    from fxrules.tools.sarif import render_sarif
+
+    _print_json(render_sarif([f.to_diagnostic() for f in report.findings], FINDING_CODES, version=__version__))
+
+
+_ANALYZE_RENDERERS = {"text": _analyze_text, "json": _analyze_json, "github": _analyze_github,
+                      "sarif": _analyze_sarif}
 
 
 # ---------------------------------------------------------------------------

@@ -174,3 +174,19 @@ def test_version(capsys):
     import fxrules
 
     assert info.value.code == 0 and capsys.readouterr().out == f"fxrules {fxrules.__version__}\n"
+
+
+def test_analyze_sarif_is_valid_and_locates_each_finding(tmp_path, monkeypatch, capsys):
+    """analyze's findings through the same renderer: a warning at the rule, its code from the finding codes."""
+    (tmp_path / "r.fxr").write_text(
+        "rule never: call_function torch.relu($x) where $x.ndim == 2 and $x.ndim == 3 -> $x\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["analyze", "--static", "--format", "sarif", "r.fxr"]) == 1
+    log = json.loads(capsys.readouterr().out)
+    _validate(log)
+    (run,) = log["runs"]
+    assert [r["id"] for r in run["tool"]["driver"]["rules"]] == ["unsatisfiable"]
+    (result,) = run["results"]
+    assert result["ruleId"] == "unsatisfiable" and result["level"] == "warning"
+    region = result["locations"][0]["physicalLocation"]["region"]
+    assert region["startLine"] == 1 and region["startColumn"] == 6  # the rule's name

@@ -1,0 +1,438 @@
+"""The torch-free part of ``fxrules analyze`` (fxrules.lang.analysis): shadowed and unsatisfiable
+rules, the candidates the verifier confirms, and the finding values. These run with torch blocked
+(the last test), as the fxrules-analyze pre-commit hook does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fxrules
+from fxrules.lang.analysis import (
+    FINDING_CODES, AnalysisReport, Finding, FindingCode, loop_candidates, overlap_candidates, shadowing,
+    static_findings, unsatisfiable,
+)
+from fxrules.lang.diagnostics import WARNING, Diagnostic
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rules(text: str, name: str = "t.fxr"):
+    return fxrules.parse_rules(text, name)
+
+
+def _codes(text: str) -> list[tuple[str, str]]:
+    return [(str(f.code), f.rule.name) for f in static_findings(_rules(text))]
+
+
+# ---------------------------------------------------------------------------
+# shadowed
+# ---------------------------------------------------------------------------
+
+SHADOWED = """\
+rule general "relu of anything" [exact]:
+    call_function torch.relu($x)
+    -> call_function F.relu($x)
+
+rule specific "relu of neg or sigmoid: never reached" [exact]:
+    (call_function torch.relu(call_function torch.neg($y))
+     | call_function torch.relu(call_function torch.sigmoid($y)))
+    -> call_function torch.relu($y)
+"""
+
+
+def test_a_rule_an_earlier_more_general_rule_always_takes_is_shadowed():
+    [finding] = static_findings(_rules(SHADOWED))
+    assert finding.code is FindingCode.SHADOWED
+    assert [r.name for r in finding.rules] == ["specific", "general"]
+    assert (finding.rule.path, finding.rule.line, finding.rule.column) == ("t.fxr", 5, 6)
+    assert finding.rules[1].location == "t.fxr:1:6"
+    assert "`general`" in finding.message
+
+
+def test_the_same_rules_in_the_other_order_are_not_shadowed():
+    first, second = SHADOWED.split("\n\n")
+    assert _codes(second + "\n\n" + first) == []
+
+
+def test_variants_taken_by_different_earlier_rules_make_a_shadowed_rule():
+    text = """\
+rule neg_only "a" [exact]:
+    call_function torch.relu(call_function torch.neg($x))
+    -> call_function torch.neg($x)
+
+rule sigmoid_only "b" [exact]:
+    call_function torch.relu(call_function torch.sigmoid($x))
+    -> call_function torch.sigmoid($x)
+
+rule both "c" [exact]:
+    (call_function torch.relu(call_function torch.neg($y)) | call_function torch.relu(call_function torch.sigmoid($y)))
+    -> $y
+"""
+    [finding] = static_findings(_rules(text))
+    assert [r.name for r in finding.rules] == ["both", "neg_only", "sigmoid_only"]
+
+
+def test_one_variant_left_over_is_not_shadowed():
+    text = """\
+rule neg_only "a" [exact]:
+    call_function torch.relu(call_function torch.neg($x))
+    -> call_function torch.neg($x)
+
+rule both "c" [exact]:
+    (call_function torch.relu(call_function torch.neg($y)) | call_function torch.relu(call_function torch.tanh($y)))
+    -> $y
+"""
+    assert _codes(text) == []
+
+
+CONDITIONS = """\
+rule not_bool "a":
+    call_function torch.sigmoid($x)
+    where $x.dtype != torch.bool
+    -> call_function torch.tanh($x)
+
+rule floating_2d "is_floating implies not bool, so this is shadowed":
+    call_function torch.sigmoid($x)
+    where is_floating($x) and $x.ndim >= 2
+    -> call_function torch.tanh($x)
+"""
+
+
+def test_conditions_that_imply_the_earlier_rules_conditions_are_shadowed():
+    assert _codes(CONDITIONS) == [("shadowed", "floating_2d")]
+
+
+def test_conditions_that_do_not_imply_the_earlier_ones_are_not_shadowed():
+    text = """\
+rule floating "a":
+    call_function torch.sigmoid($x)
+    where is_floating($x)
+    -> call_function torch.tanh($x)
+
+rule two_d "b: a 2-d integer tensor is not floating":
+    call_function torch.sigmoid($x)
+    where $x.ndim == 2
+    -> call_function torch.tanh($x)
+"""
+    assert _codes(text) == []
+
+
+def test_undecidable_conditions_are_not_reported():
+    text = """\
+rule zero_bias "a":
+    call_function operator.add($x, get_attr $b)
+    where is_zero($b)
+    -> $x
+
+rule same "b: is_zero($b) is not decidable from the later rule's conditions":
+    call_function operator.add($x, get_attr $b)
+    where $x.ndim == 2
+    -> $x
+"""
+    assert _codes(text) == []
+
+
+def test_a_rule_with_a_builder_does_not_shadow():
+    text = """\
+rule fold "the builder may decline (a conv it cannot fold), so this takes nothing for sure" [approx]:
+    call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
+    -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)
+
+rule later "b" [approx]:
+    call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
+    where not bn.training
+    -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)
+"""
+    assert _codes(text) == []
+
+
+def test_captures_used_twice_generalise_only_equal_parts():
+    text = """\
+rule twice "x + x" [exact]:
+    call_function operator.add($x, $x)
+    -> call_function operator.mul($x, 2)
+
+rule any_sum "x + y: not every sum is x + x" [exact]:
+    call_function operator.add($x, $y)
+    -> call_function operator.add($y, $x)
+"""
+    assert _codes(text) == []
+    reversed_text = "\n\n".join(reversed(text.split("\n\n")))
+    assert _codes(reversed_text) == [("shadowed", "twice")]
+
+
+# ---------------------------------------------------------------------------
+# unsatisfiable
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", [
+    "$x.ndim > 2 and $x.ndim < 3",
+    "$x.ndim < 0",
+    "$x.ndim == 2 and $x.ndim == 3",
+    "$x.dtype == torch.int64 and is_floating($x)",
+    "$x.dtype in [torch.float32, torch.float64] and $x.dtype == torch.half",
+    "($x.ndim == 2 or $x.ndim == 3) and $x.ndim > 4",
+    "$x.ndim == 2 and not ($x.ndim == 2)",
+    "1 == 2",
+])
+def test_contradictory_conditions_are_unsatisfiable(where):
+    text = f'rule impossible "u":\n    call_function torch.exp($x)\n    where {where}\n    -> $x\n'
+    finding = unsatisfiable(_rules(text)["impossible"])
+    assert finding is not None and finding.code is FindingCode.UNSATISFIABLE
+    assert finding.rule.location == "t.fxr:1:6"
+
+
+@pytest.mark.parametrize("where", [
+    "$x.ndim == 2 or $x.ndim == 3",
+    "$x.ndim >= 2 and $x.ndim <= 2",
+    "is_floating($x) and $x.dtype != torch.float16",
+    "$x.dtype == $y.dtype",
+    "is_zero($y) and not is_zero($y)",  # opaque calls are never contradicted
+])
+def test_satisfiable_or_undecidable_conditions_are_not_reported(where):
+    text = f'rule fine "s":\n    call_function operator.add($x, $y)\n    where {where}\n    -> $x\n'
+    assert unsatisfiable(_rules(text)["fine"]) is None
+
+
+def test_module_attribute_constraints_in_the_pattern_count():
+    text = """\
+rule half_dropout "u":
+    call_module Dropout{p=0.5}($x) as d
+    where d.p == 0.1
+    -> $x
+
+rule training_both "u":
+    call_module Dropout($x) as d
+    where d.training and not d.training
+    -> $x
+
+rule ok "s":
+    (call_module Dropout{p=0.5}($x) as d | call_module Dropout{p=0.1}($x) as d)
+    where d.p == 0.1
+    -> $x
+"""
+    assert _codes(text) == [("unsatisfiable", "half_dropout"), ("unsatisfiable", "training_both")]
+
+
+def test_an_unsatisfiable_rule_is_not_also_reported_shadowed():
+    text = """\
+rule any_exp "a":
+    call_function torch.exp($x)
+    -> call_function torch.sigmoid($x)
+
+rule impossible "b":
+    call_function torch.exp($x)
+    where $x.ndim < 0
+    -> $x
+"""
+    assert _codes(text) == [("unsatisfiable", "impossible")]
+
+
+# ---------------------------------------------------------------------------
+# candidates for the verifier
+# ---------------------------------------------------------------------------
+
+def test_rules_that_produce_each_others_patterns_are_loop_candidates():
+    text = """\
+rule to_operator "a" [exact]:
+    call_function torch.mul($x, 2)
+    -> call_function operator.mul($x, 2)
+
+rule to_torch "b" [exact]:
+    call_function operator.mul($x, 2)
+    -> call_function torch.mul($x, 2)
+
+rule unrelated "c" [exact]:
+    call_function torch.neg(call_function torch.neg($x))
+    -> $x
+"""
+    assert loop_candidates(_rules(text)) == [("to_operator", "to_torch")]
+
+
+def test_rules_whose_patterns_unify_are_overlap_candidates():
+    text = """\
+rule exp_neg "a" [changes]:
+    call_function torch.exp(call_function torch.neg($x))
+    -> call_function torch.tanh($x)
+
+rule exp_any "b" [changes]:
+    call_function torch.exp($x)
+    -> call_function torch.sigmoid($x)
+
+rule exp_two "c: a literal 2 never matches the call the others need" [changes]:
+    call_function torch.pow($x, 2)
+    -> $x
+"""
+    assert overlap_candidates(_rules(text)) == [("exp_neg", "exp_any")]
+    assert overlap_candidates(_rules(text), skip=["exp_any"]) == []
+
+
+# ---------------------------------------------------------------------------
+# findings as values
+# ---------------------------------------------------------------------------
+
+def test_findings_convert_to_diagnostics_and_json():
+    [finding] = static_findings(_rules(SHADOWED))
+    diagnostic = finding.to_diagnostic()
+    assert isinstance(diagnostic, Diagnostic)
+    assert (diagnostic.path, diagnostic.line, diagnostic.column, diagnostic.code) == ("t.fxr", 5, 6, "shadowed")
+    assert diagnostic.end_line == 5 and diagnostic.end_column == 14  # the rule's name
+    assert diagnostic.severity == WARNING
+    assert any("t.fxr:1:6" in note for note in diagnostic.notes)
+    data = finding.to_json()
+    assert data["code"] == "shadowed" and data["location"] == "t.fxr:5:6" and data["witness"] is None
+    assert [r["name"] for r in data["rules"]] == ["specific", "general"]
+    assert "^^^^^^^^" in finding.render(SHADOWED)
+    with pytest.raises(AttributeError):
+        finding.code = FindingCode.LOOP  # frozen
+    assert not hasattr(finding, "__dict__")  # slotted
+
+
+def test_every_code_is_described_and_stable():
+    assert [str(c) for c in FindingCode] == ["shadowed", "loop", "overlap", "unsatisfiable", "dead"]
+    assert set(FINDING_CODES) == {str(c) for c in FindingCode}
+
+
+def test_a_report_counts_and_summarises():
+    findings = static_findings(_rules(SHADOWED))
+    report = AnalysisReport(findings, 2)
+    assert not report.ok and report.counts()["shadowed"] == 1
+    assert "1 shadowed" in report.summary()
+    assert report.to_json()["findings"][0]["code"] == "shadowed"
+    assert AnalysisReport((), 3).ok
+
+
+def test_the_bundled_library_has_no_static_findings():
+    assert static_findings(fxrules.load_rules(fxrules.LIBRARY)) == ()
+    assert all(isinstance(f, Finding) for f in shadowing(fxrules.load_rules(fxrules.LIBRARY)))
+
+
+def test_static_analysis_runs_with_torch_blocked():
+    script = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "from fxrules.tools.cli import main\n"
+        f"code = main(['analyze', '--static', {str(ROOT / 'rules')!r}])\n"
+        "assert sys.modules['torch'] is None\n"
+        "print('exit', code)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "exit 0" in run.stdout and "no findings" in run.stdout
+
+
+# ---------------------------------------------------------------------------
+# soundness: an unsatisfiable verdict is checked against every assignment
+# ---------------------------------------------------------------------------
+
+_ATOMS = [
+    "$x.ndim == 2", "$x.ndim != 2", "$x.ndim > 1", "$x.ndim <= 3", "$x.ndim < 1", "$x.ndim >= 4",
+    "$x.ndim in [1, 3]", "$x.ndim not in [0, 1, 2]", "2 < $x.ndim", "$x.ndim == 2.5",
+    "$x.dtype == torch.float32", "$x.dtype != torch.float", "$x.dtype == torch.int64",
+    "$x.dtype in [torch.float16, torch.int64]", "is_floating($x)", "$x.dtype == torch.bool",
+    "d.training", "d.p == 0.5", "d.p > 0.2", "True", "1 == 2",
+]
+_DTYPES = ["torch.float32", "torch.float16", "torch.int64", "torch.bool"]
+
+
+def _holds(cond, env) -> bool:
+    """The condition's value under ``env`` (subject text -> value), for the atoms above."""
+    import fxrules.lang.ast as A
+    from fxrules.lang.printer import print_cond
+
+    if isinstance(cond, A.CBinary) and cond.op in ("and", "or"):
+        left, right = _holds(cond.left, env), _holds(cond.right, env)
+        return (left and right) if cond.op == "and" else (left or right)
+    if isinstance(cond, A.CUnary) and cond.op == "not":
+        return not _holds(cond.operand, env)
+    if isinstance(cond, A.CCall):
+        return env["$x.dtype"] in ("torch.float32", "torch.float16")
+    if isinstance(cond, A.CBinary):
+        left, right = _value(cond.left, env), _value(cond.right, env)
+        return {"==": lambda: left == right, "!=": lambda: left != right, "<": lambda: left < right,
+                "<=": lambda: left <= right, ">": lambda: left > right, ">=": lambda: left >= right,
+                "in": lambda: left in right, "not in": lambda: left not in right}[cond.op]()
+    text = print_cond(cond)
+    return bool(env[text]) if text in env else bool(_value(cond, env))
+
+
+def _value(cond, env):
+    import fxrules.lang.ast as A
+    from fxrules.lang.printer import print_cond
+
+    if isinstance(cond, A.CLiteral):
+        return cond.value
+    if isinstance(cond, A.CList):
+        return [_value(i, env) for i in cond.items]
+    text = print_cond(cond)
+    if text in env:
+        return env[text]
+    return {"torch.float": "torch.float32"}.get(text, text)  # a dotted constant
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_unsatisfiable_verdict_is_true_for_every_assignment(seed):
+    import itertools
+    import random
+
+    generator = random.Random(seed)
+    checked = 0
+    for _ in range(60):
+        picked = generator.sample(_ATOMS, generator.randint(1, 4))
+        joined = picked[0]
+        for atom in picked[1:]:
+            joined = f"({joined}) {generator.choice(['and', 'or', 'and not'])} ({atom})"
+        text = (f'rule r "fuzz":\n    call_module Dropout($x) as d\n    where {joined}\n    -> $x\n')
+        rule = _rules(text)["r"]
+        [cond] = rule.ast.conditions
+        if unsatisfiable(rule) is None:
+            continue
+        checked += 1
+        for ndim, dtype, training, p in itertools.product(range(6), _DTYPES, (False, True), (0.1, 0.5, 0.9)):
+            env = {"$x.ndim": ndim, "$x.dtype": dtype, "d.training": training, "d.p": p}
+            assert not _holds(cond, env), (joined, env)
+    assert checked > 0  # the seeds give contradictions (about 7 in 60 each)
+
+
+def test_an_earlier_alternative_that_may_match_with_other_bindings_stops_the_proof():
+    text = """\
+rule either_order "the first option that matches binds $x; the condition reads it" [exact]:
+    (call_function operator.add($x, $y) | call_function operator.add($y, $x))
+    where $x.ndim == 2
+    -> call_function torch.add($x, $y)
+
+rule left_2d "add(a, b) with b 2-d: option 1 binds $x to a, whose ndim is unknown" [exact]:
+    call_function operator.add($a, $b)
+    where $b.ndim == 2
+    -> call_function torch.add($b, $a)
+"""
+    assert _codes(text) == []
+    left = text.replace("where $b.ndim == 2", "where $a.ndim == 2")
+    assert _codes(left) == [("shadowed", "left_2d")]
+
+
+def test_constants_compare_by_full_path_across_files_with_different_aliases():
+    first = fxrules.parse_rules("""\
+use torch as T
+rule not_half "a":
+    call_function torch.sigmoid($x)
+    where $x.dtype != T.float16
+    -> call_function torch.tanh($x)
+""", "a.fxr")
+    second = fxrules.parse_rules("""\
+rule is_float32 "b: float32 is not float16":
+    call_function torch.sigmoid($x)
+    where $x.dtype == torch.float32
+    -> call_function torch.tanh($x)
+
+rule is_half "c: float16 is what the first excludes":
+    call_function torch.sigmoid($x)
+    where $x.dtype == torch.half
+    -> call_function torch.tanh($x)
+""", "b.fxr")
+    found = [(str(f.code), f.rule.name) for f in static_findings(first + second)]
+    assert found == [("shadowed", "is_float32")]
