@@ -152,10 +152,12 @@ class Workpiece:
                 below[".".join(parts[:i])] = below.get(".".join(parts[:i]), 0) + 1
 
     def created(self, node: fx.Node) -> None:
+        self.effects.node_created(node)
         if self._callers is not None:
             self._add_to_index(node, self._callers, self._read_below)
 
     def erased(self, node: fx.Node) -> None:
+        self.effects.node_erased(node)
         if self._callers is None:
             return
         if node.op == "call_module":
