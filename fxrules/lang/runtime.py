@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import sys
 import threading
 from typing import Iterator
@@ -38,9 +39,24 @@ _gc_was_enabled = False  # what the first entry found
 _limit_before = 0
 
 
+class _FakeKernelFailures(logging.Filter):
+    """Drops torch's log of an op that failed on fake tensors ("failed while attempting to run meta
+    for ..."): fxrules runs replacements and hosts on fake tensors to learn their shapes, and an op
+    that fails there is an answer it handles (the value is unknown, or the rule is refused), not an
+    error for the user's log; torch logs each with a full traceback at ERROR level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+_FAKE_TENSOR_LOG = "torch._subclasses.fake_tensor"  # a logger's name: nothing of torch is imported here
+_QUIET_FAKE_KERNELS = _FakeKernelFailures()
+
+
 @contextlib.contextmanager
 def entered() -> Iterator[None]:
-    """For the duration: the collector paused, the recursion limit at least RECURSION_LIMIT.
+    """For the duration: the collector paused, the recursion limit at least RECURSION_LIMIT, and
+    torch's log of ops failing on fake tensors silenced (:class:`_FakeKernelFailures`).
 
     Re-entrant and thread-safe: the outermost exit restores both settings as the outermost
     entry found them (a recursion limit changed meanwhile by someone else is left as it is).
@@ -53,6 +69,7 @@ def entered() -> Iterator[None]:
             _limit_before = sys.getrecursionlimit()
             if _limit_before < RECURSION_LIMIT:
                 sys.setrecursionlimit(RECURSION_LIMIT)
+            logging.getLogger(_FAKE_TENSOR_LOG).addFilter(_QUIET_FAKE_KERNELS)
         _entries += 1
     try:
         yield
@@ -60,6 +77,7 @@ def entered() -> Iterator[None]:
         with _lock:
             _entries -= 1
             if _entries == 0:
+                logging.getLogger(_FAKE_TENSOR_LOG).removeFilter(_QUIET_FAKE_KERNELS)
                 if sys.getrecursionlimit() == max(_limit_before, RECURSION_LIMIT):  # as we left it
                     sys.setrecursionlimit(_limit_before)
                 if _gc_was_enabled:

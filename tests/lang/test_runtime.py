@@ -164,3 +164,21 @@ def test_the_memo_keeps_no_rule_set_alive():
     gc.collect()
     assert ref() is None
     assert len(program._compiled) == before - 1
+
+
+def test_torchs_log_of_an_op_failing_on_fake_tensors_is_silenced_only_while_entered(caplog):
+    """fxrules runs ops on fake tensors to learn shapes; one that fails there is handled, so torch's
+    ERROR-level traceback for it is not the user's log. Other records of that logger still pass."""
+    import logging
+
+    from fxrules.lang import runtime
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    with caplog.at_level(logging.ERROR, logger=log.name):
+        with runtime.entered():
+            log.error("failed while attempting to run meta for %s", "aten.add.Tensor")
+            log.error("something else")
+        assert [r.getMessage() for r in caplog.records] == ["something else"]
+        log.error("failed while attempting to run meta for %s", "aten.mul.Tensor")
+    assert [r.getMessage() for r in caplog.records][-1] == "failed while attempting to run meta for aten.mul.Tensor"
+    assert runtime._QUIET_FAKE_KERNELS not in log.filters
