@@ -131,3 +131,126 @@ def test_every_console_block_prints_what_it_shows(document, tmp_path):
             failures.append(f"{document.name}:{step.line}: $ {step.text}\n--- shown\n{normalise(step.expected)}\n"
                             f"--- printed\n{actual}\n")
     assert not failures, "\n".join(failures)
+
+
+# ---- ```python blocks -------------------------------------------------------------------------------------
+#
+# Every ```python block runs: one fresh interpreter per document (the current one, ``sys.executable``),
+# the document's blocks in order in one namespace, in a scratch folder where ``rules/`` is the bundled
+# library (as in a checkout) and ``file=NAME`` blocks are written when the document reaches them.
+# A block of ``>>>`` lines is a doctest: what it shows is compared. A block whose info string has
+# ``output=KEY`` prints what the ```text block with the same ``output=KEY`` shows (compared normalised).
+# A block that cannot run alone (an excerpt, a fragment) says so in its info string: ```python no-run
+# with the reason in the text next to it; keep those rare.
+
+DRIVER = r'''
+import contextlib, doctest, io, json, subprocess, sys, traceback
+steps = json.load(open(sys.argv[1], encoding="utf-8"))
+namespace = {"__name__": "__docs__"}
+results = []
+for step in steps:
+    if step["kind"] == "file":
+        with open(step["name"], "w", encoding="utf-8") as f:
+            f.write(step["text"])
+        continue
+    if step["kind"] == "shell":  # a console block's file edit (sed, echo >): the python blocks after it see it
+        subprocess.run(["bash", "-c", step["text"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        continue
+    out = io.StringIO()
+    error = None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            if step["kind"] == "doctest":
+                test = doctest.DocTestParser().get_doctest(step["text"], namespace, step["where"], step["where"], 0)
+                runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+                runner.run(test, out=out.write, clear_globs=False)
+                if runner.failures:
+                    error = "doctest failed"
+            else:
+                exec(compile(step["text"], step["where"], "exec"), namespace)
+        except BaseException:
+            error = traceback.format_exc()
+    results.append({"where": step["where"], "printed": out.getvalue(), "error": error})
+json.dump(results, open(sys.argv[2], "w", encoding="utf-8"))
+'''
+
+
+def _info(block: re.Match) -> list[str]:
+    return block.group(1).split()
+
+
+def python_steps(document: Path) -> list[dict]:
+    """The document's ```python blocks (and the files its ``file=`` blocks write), in order."""
+    text = document.read_text(encoding="utf-8")
+    found = []
+    for block in FENCE.finditer(text):
+        info, body = _info(block), block.group(2)
+        where = f"{document.name}:{text.count(chr(10), 0, block.start()) + 1}"
+        file = re.search(r"\bfile=(\S+)", block.group(1))
+        if file:
+            found.append({"kind": "file", "name": file.group(1), "text": body, "where": where})
+        if info[:1] == ["console"]:
+            found.extend({"kind": "shell", "text": step.text, "where": where} for step in _commands(body, 0)
+                         if step.text.split()[0] not in ("fxrules", "python", "python3"))
+        if info[:1] != ["python"] or "no-run" in info or file:
+            continue
+        output = next((i.split("=", 1)[1] for i in info if i.startswith("output=")), None)
+        kind = "doctest" if body.lstrip().startswith(">>> ") else "code"
+        found.append({"kind": kind, "text": body, "where": where, "output": output})
+    return found
+
+
+def shown_outputs(document: Path) -> dict[str, str]:
+    """``output=KEY`` -> the text of the ```text block that shows what the python block KEY prints."""
+    text = document.read_text(encoding="utf-8")
+    return {i.split("=", 1)[1]: block.group(2) for block in FENCE.finditer(text)
+            for i in _info(block)[1:] if _info(block)[:1] == ["text"] and i.startswith("output=")}
+
+
+def _scratch(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "rules").symlink_to(ROOT / "fxrules" / "library", target_is_directory=True)
+    return work
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "PYTHONPATH")}
+    env.update(PYTHONPATH=str(ROOT), NO_COLOR="1", PYTHONUNBUFFERED="1", COLUMNS="100", **extra)
+    return env
+
+
+def test_python_steps_find_blocks_doctests_and_marks(tmp_path):
+    doc = tmp_path / "d.md"
+    doc.write_text("```python\nx = 1\n```\n```python no-run\nfragment(\n```\n```python output=k\nprint(x)\n```\n"
+                   "```text output=k\n1\n```\n```python\n>>> x + 1\n2\n```\n```fxr file=a.fxr\nrule\n```\n")
+    kinds = [(s["kind"], s.get("output")) for s in python_steps(doc)]
+    assert kinds == [("code", None), ("code", "k"), ("doctest", None), ("file", None)]
+    assert shown_outputs(doc) == {"k": "1\n"}
+
+
+@pytest.mark.parametrize("document", [d for d in DOCUMENTS if any(s["kind"] in ("code", "doctest") for s in python_steps(d))],
+                         ids=lambda d: d.name)
+def test_every_python_block_runs(document, tmp_path):
+    pytest.importorskip("torch")
+    import json
+    work = _scratch(tmp_path)
+    plan = python_steps(document)
+    (tmp_path / "steps.json").write_text(json.dumps(plan), encoding="utf-8")
+    (tmp_path / "driver.py").write_text(DRIVER, encoding="utf-8")
+    run = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "steps.json"),
+                          str(tmp_path / "results.json")], cwd=work, env=_clean_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    shown = shown_outputs(document)
+    failures = []
+    for step, result in zip([s for s in plan if s["kind"] in ("code", "doctest")], results):
+        if result["error"]:
+            failures.append(f"{result['where']}: {result['error']}\n{result['printed']}")
+        elif step["output"] is not None:
+            expected = normalise(shown[step["output"]])
+            actual = normalise(result["printed"].replace(str(work) + os.sep, ""))
+            if not matches(expected, actual):
+                failures.append(f"{result['where']}: prints\n{actual}\n--- the page shows\n{expected}")
+    assert not failures, "\n\n".join(failures)
