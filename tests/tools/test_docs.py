@@ -254,3 +254,57 @@ def test_every_python_block_runs(document, tmp_path):
             if not matches(expected, actual):
                 failures.append(f"{result['where']}: prints\n{actual}\n--- the page shows\n{expected}")
     assert not failures, "\n\n".join(failures)
+
+
+# ---- ```fxr blocks ----------------------------------------------------------------------------------------
+#
+# Every ```fxr block is a rule file that parses and checks clean (no errors, no warnings), named by its
+# ``file=`` or by where it is. A block marked ``fails`` is an intentionally wrong example (the text next to
+# it says so): it must fail to check, and if a ```text block follows it, that block shows the diagnostics.
+
+@dataclass(frozen=True)
+class RuleBlock:
+    where: str
+    name: str
+    text: str
+    fails: bool
+    shown: str | None  # the ```text block right after a failing block: its diagnostics
+
+
+def rule_blocks(document: Path) -> list[RuleBlock]:
+    text = document.read_text(encoding="utf-8")
+    blocks = list(FENCE.finditer(text))
+    found = []
+    for index, block in enumerate(blocks):
+        info = _info(block)
+        if info[:1] != ["fxr"]:
+            continue
+        where = f"{document.name}:{text.count(chr(10), 0, block.start()) + 1}"
+        file = re.search(r"\bfile=(\S+)", block.group(1))
+        after = blocks[index + 1] if index + 1 < len(blocks) else None
+        shown = (after.group(2) if after is not None and _info(after)[:1] == ["text"]
+                 and not text[block.end():after.start()].strip() else None)
+        found.append(RuleBlock(where, file.group(1) if file else where, block.group(2), "fails" in info, shown))
+    return found
+
+
+RULE_BLOCKS = [block for document in DOCUMENTS for block in rule_blocks(document)]
+
+
+def test_rule_blocks_are_found():
+    wheres = {block.where for block in RULE_BLOCKS}
+    assert {"README.md:11", "language.md:71", "tutorial.md:25"} <= wheres, wheres
+    assert [block.fails for block in RULE_BLOCKS if block.where == "tutorial.md:25"] == [True]
+
+
+@pytest.mark.parametrize("block", RULE_BLOCKS, ids=lambda b: b.where)
+def test_every_rule_block_checks_clean_or_fails_as_shown(block):
+    import fxrules
+    if not block.fails:
+        rules = fxrules.parse_rules(block.text, block.name)  # raises RuleFileError, quoting the problem
+        assert not rules.warnings, [w.headline() for w in rules.warnings]
+        return
+    with pytest.raises(fxrules.RuleFileError) as failed:
+        fxrules.parse_rules(block.text, block.name)
+    if block.shown is not None:
+        assert matches(normalise(block.shown), normalise(failed.value.render()))
