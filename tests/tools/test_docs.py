@@ -308,3 +308,109 @@ def test_every_rule_block_checks_clean_or_fails_as_shown(block):
         fxrules.parse_rules(block.text, block.name)
     if block.shown is not None:
         assert matches(normalise(block.shown), normalise(failed.value.render()))
+
+
+# ---- the README's set-up commands -------------------------------------------------------------------------
+#
+# The two commands of the README's "Set up" section (indented blocks: the main job, then the tests) are
+# what .ci/run runs on a fresh clone, word for word but for the venv's folder and pip's ``-q``; the
+# first one's job (everything after the venv and the installs) runs here with this interpreter, and
+# what it prints is compared with the ```text block the README shows after it.
+
+def setup_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Set up", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^    (python3 -m venv .+)$", section, re.M)
+
+
+def ci_commands() -> list[str]:
+    """.ci/run's set-up and each command it runs in the venv, in the README's spelling."""
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    venv = [line.replace('"$venv"', ".venv").replace('"$venv/bin/activate"', ".venv/bin/activate")
+            for line in lines if line.startswith(("python3 -m venv", ". "))]
+    prefix = " && ".join(venv)
+    runs = [line.replace("pip install -q ", "pip install ") for line in lines if line.startswith("pip install")]
+    return [f"{prefix} && {run}" for run in runs]
+
+
+def test_the_readme_set_up_commands_are_what_ci_runs():
+    commands = setup_commands()
+    assert len(commands) == 2, commands
+    assert commands[0].endswith("--model fxrules.zoo:redundant --input 2x3x16x16")
+    assert commands[1].endswith("python -m pytest -q")
+    assert commands == ci_commands()
+
+
+@pytest.mark.slow
+def test_the_readme_main_job_prints_what_it_shows():
+    pytest.importorskip("torch")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    job = setup_commands()[0].split(" && ")[-1]
+    assert job.startswith("fxrules apply ")
+    shown = re.search(re.escape(job) + r"\n.*?^```text\n(.*?)^```", text, re.M | re.S).group(1)
+    run = subprocess.run([sys.executable, "-m", "fxrules", *job.split()[1:]], cwd=ROOT, env=_clean_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout
+
+    def tiny(text: str) -> str:  # float noise of the folding (5.96e-08 on one CPU, another on the next)
+        return re.sub(r"\b\d(\.\d+)?e-0[5-9]\b", "<1e-4", text)
+
+    assert matches(tiny(normalise(shown)), tiny(normalise(run.stdout))), run.stdout
+
+
+# ---- YAML (pre-commit configuration) ------------------------------------------------------------------------
+#
+# Every ```yaml block parses, and the hook ids it names are hooks .pre-commit-hooks.yaml defines.
+
+def _yaml_blocks() -> list[tuple[str, str]]:
+    found = []
+    for document in DOCUMENTS:
+        text = document.read_text(encoding="utf-8")
+        found.extend((f"{document.name}:{text.count(chr(10), 0, block.start()) + 1}", block.group(2))
+                     for block in FENCE.finditer(text) if _info(block)[:1] == ["yaml"])
+    return found
+
+
+def _hook_ids(value) -> list[str]:
+    if isinstance(value, dict):
+        return ([value["id"]] if isinstance(value.get("id"), str) else []) + [
+            i for v in value.values() for i in _hook_ids(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in _hook_ids(v)]
+    return []
+
+
+SIMPLE_YAML_LINE = re.compile(r"^\s*(- )?(?:[\w-]+:(?: (?:\[[^\[\]]*\]|[^\[\]{}#\s][^\[\]{}#]*))?)?\s*(#.*)?$")
+
+
+def _subset_hook_ids(text: str) -> list[str]:
+    """Without PyYAML: the block is the simple subset pre-commit examples use (``key: value`` lines, ``- ``
+    items, comments), and its ids are the ``id:`` values."""
+    bad = [line for line in text.splitlines() if not SIMPLE_YAML_LINE.match(line)]
+    assert not bad, bad
+    return re.findall(r"^\s*(?:- )?id:\s*([\w-]+)", text, re.M)
+
+
+def _load_hook_ids(text: str) -> list[str]:
+    try:
+        import yaml  # pre-commit (the test extra) depends on PyYAML
+    except ImportError:
+        return _subset_hook_ids(text)
+    return _hook_ids(yaml.safe_load(text))
+
+
+def test_the_yaml_subset_reader():
+    assert _subset_hook_ids("- repo: x\n  hooks:\n    - id: a-b   # c\n    # - id: d\n") == ["a-b"]
+    with pytest.raises(AssertionError):
+        _subset_hook_ids("- id: [unclosed")
+
+
+def test_yaml_blocks_parse_and_name_hooks_that_exist():
+    defined = set(_load_hook_ids((ROOT / ".pre-commit-hooks.yaml").read_text(encoding="utf-8")))
+    assert {"fxrules-check", "fxrules-fmt", "fxrules-analyze"} <= defined, defined
+    blocks = _yaml_blocks()
+    assert len(blocks) >= 2, blocks
+    for where, body in blocks:
+        named = _load_hook_ids(body)
+        assert named, f"{where}: names no hook"
+        assert set(named) <= defined, f"{where}: {sorted(set(named) - defined)} are not in .pre-commit-hooks.yaml"
