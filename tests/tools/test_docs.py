@@ -1,7 +1,7 @@
-"""The documentation is tested: every ```console block of README.md and docs/*.md runs, and what
-each command prints is compared with what the block shows.
+"""The documentation is tested: every command and snippet of README.md and docs/*.md runs, and what it
+prints is compared with what the page shows.
 
-Conventions (docs/cli.md "Documentation conventions" says the same for writers):
+Conventions (for writers of the pages):
 
 - A ```console block holds commands (lines starting with ``$ ``), each followed by its output
   (stdout and stderr together, as a terminal shows them). They run in order, with bash, in one
@@ -12,7 +12,14 @@ Conventions (docs/cli.md "Documentation conventions" says the same for writers):
   line for any text. Besides that, output is compared after normalising what varies from run to
   run: times (``48.3 ms``, ``5.2 s``), hypothesis' reproduce blobs, trailing spaces.
 
-Blocks in other languages (```python, ```toml, ```text, or no language) are not run.
+- Every ```python block runs (one interpreter per page, the page's blocks in order in one namespace,
+  ``rules/`` the bundled library); ``>>>`` blocks are doctests; ``output=KEY`` pairs a block with the
+  ```text block that shows what it prints. ```python no-run marks a fragment, with the reason beside it.
+- Every ```fxr block checks clean; ```fxr fails marks an intentionally wrong one.
+- Every ```yaml block parses and names hooks that .pre-commit-hooks.yaml defines.
+- The README's set-up commands are .ci/run's, and the main job prints what the README shows.
+
+Blocks in other languages (```toml, ```json, ```text, or no language: synopses) are not run.
 """
 
 from __future__ import annotations
