@@ -151,34 +151,42 @@ def test_every_console_block_prints_what_it_shows(document, tmp_path):
 # with the reason in the text next to it; keep those rare.
 
 DRIVER = r'''
-import contextlib, doctest, io, json, subprocess, sys, traceback
-steps = json.load(open(sys.argv[1], encoding="utf-8"))
-namespace = {"__name__": "__docs__"}
-results = []
-for step in steps:
-    if step["kind"] == "file":
-        with open(step["name"], "w", encoding="utf-8") as f:
-            f.write(step["text"])
-        continue
-    if step["kind"] == "shell":  # a console block's file edit (sed, echo >): the python blocks after it see it
-        subprocess.run(["bash", "-c", step["text"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        continue
-    out = io.StringIO()
-    error = None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        try:
-            if step["kind"] == "doctest":
-                test = doctest.DocTestParser().get_doctest(step["text"], namespace, step["where"], step["where"], 0)
-                runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
-                runner.run(test, out=out.write, clear_globs=False)
-                if runner.failures:
-                    error = "doctest failed"
-            else:
-                exec(compile(step["text"], step["where"], "exec"), namespace)
-        except BaseException:
-            error = traceback.format_exc()
-    results.append({"where": step["where"], "printed": out.getvalue(), "error": error})
-json.dump(results, open(sys.argv[2], "w", encoding="utf-8"))
+import contextlib, doctest, io, json, os, subprocess, sys, traceback
+
+def run_page(steps):
+    namespace = {"__name__": "__docs__"}  # fresh per page; the page's blocks share it, in order
+    results = []
+    for step in steps:
+        if step["kind"] == "file":
+            with open(step["name"], "w", encoding="utf-8") as f:
+                f.write(step["text"])
+            continue
+        if step["kind"] == "shell":  # a console block's file edit (sed, echo >): the python blocks after it see it
+            subprocess.run(["bash", "-c", step["text"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            continue
+        out = io.StringIO()
+        error = None
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            try:
+                if step["kind"] == "doctest":
+                    test = doctest.DocTestParser().get_doctest(step["text"], namespace, step["where"], step["where"], 0)
+                    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+                    runner.run(test, out=out.write, clear_globs=False)
+                    if runner.failures:
+                        error = "doctest failed"
+                else:
+                    exec(compile(step["text"], step["where"], "exec"), namespace)
+            except BaseException:
+                error = traceback.format_exc()
+        results.append({"where": step["where"], "printed": out.getvalue(), "error": error})
+    return results
+
+pages = json.load(open(sys.argv[1], encoding="utf-8"))
+done = {}
+for page in pages:  # one interpreter for every page: torch is imported once
+    os.chdir(page["work"])
+    done[page["name"]] = run_page(page["steps"])
+json.dump(done, open(sys.argv[2], "w", encoding="utf-8"))
 '''
 
 
@@ -216,7 +224,7 @@ def shown_outputs(document: Path) -> dict[str, str]:
 
 def _scratch(tmp_path: Path) -> Path:
     work = tmp_path / "work"
-    work.mkdir()
+    work.mkdir(parents=True)
     (work / "rules").symlink_to(ROOT / "fxrules" / "library", target_is_directory=True)
     return work
 
@@ -236,20 +244,30 @@ def test_python_steps_find_blocks_doctests_and_marks(tmp_path):
     assert shown_outputs(doc) == {"k": "1\n"}
 
 
-@pytest.mark.parametrize("document", [d for d in DOCUMENTS if any(s["kind"] in ("code", "doctest") for s in python_steps(d))],
-                         ids=lambda d: d.name)
-def test_every_python_block_runs(document, tmp_path):
+PYTHON_PAGES = [d for d in DOCUMENTS if any(s["kind"] in ("code", "doctest") for s in python_steps(d))]
+
+
+@pytest.fixture(scope="module")
+def python_runs(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
+    """Every page's python blocks, run by one interpreter (a page per scratch folder, a namespace per page):
+    page name -> (its scratch folder, one result per block)."""
     pytest.importorskip("torch")
     import json
-    work = _scratch(tmp_path)
-    plan = python_steps(document)
-    (tmp_path / "steps.json").write_text(json.dumps(plan), encoding="utf-8")
-    (tmp_path / "driver.py").write_text(DRIVER, encoding="utf-8")
-    run = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "steps.json"),
-                          str(tmp_path / "results.json")], cwd=work, env=_clean_env(), capture_output=True,
-                         text=True, timeout=300)
+    base = tmp_path_factory.mktemp("python_blocks")
+    pages = [{"name": d.name, "work": str(_scratch(base / d.stem)), "steps": python_steps(d)} for d in PYTHON_PAGES]
+    (base / "pages.json").write_text(json.dumps(pages), encoding="utf-8")
+    (base / "driver.py").write_text(DRIVER, encoding="utf-8")
+    run = subprocess.run([sys.executable, str(base / "driver.py"), str(base / "pages.json"), str(base / "results.json")],
+                         cwd=base, env=_clean_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    results = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    results = json.loads((base / "results.json").read_text(encoding="utf-8"))
+    return {page["name"]: (Path(page["work"]), results[page["name"]]) for page in pages}
+
+
+@pytest.mark.parametrize("document", PYTHON_PAGES, ids=lambda d: d.name)
+def test_every_python_block_runs(document, python_runs):
+    work, results = python_runs[document.name]
+    plan = python_steps(document)
     shown = shown_outputs(document)
     failures = []
     for step, result in zip([s for s in plan if s["kind"] in ("code", "doctest")], results):
