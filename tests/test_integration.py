@@ -305,8 +305,8 @@ def test_comparison_doc_scripts_print_what_the_page_shows() -> None:
     import re
 
     page = (ROOT / "docs" / "comparison.md").read_text(encoding="utf-8")
-    outputs = re.findall(r"```text\n(.*?)```", page, flags=re.S)
-    scripts = re.findall(r"<summary>(\w+\.py)[^<]*</summary>\s*```python\n(.*?)```", page, flags=re.S)
+    outputs = re.findall(r"```text[^\n]*\n(.*?)```", page, flags=re.S)
+    scripts = re.findall(r"<summary>(\w+\.py)[^<]*</summary>\s*```python[^\n]*\n(.*?)```", page, flags=re.S)
     assert [name for name, _ in scripts] == ["demo.py", "safety.py"] and len(outputs) == 2
     for (name, code), expected in zip(scripts, outputs):
         printed = io.StringIO()
