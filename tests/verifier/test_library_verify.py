@@ -39,8 +39,6 @@ KNOWN_WRONG = {
         "sdpa_prescaled_mul", "sdpa_prescaled_div_mask", "sdpa_prescaled_mul_mask", "sdpa_no_scale",
         "sdpa_no_scale_mask", "sdpa_mul_scale_dropout", "sdpa_div_scale_mask_dropout", "sdpa_div_scale_dropout",
         "sdpa_mul_scale_mask_dropout", "key_transpose_negative_dims")},
-    "type_as_same": "weak: the verifier has no sampler for Tensor.type_as; its examples verify it",
-    "expand_same_shape": "weak: the verifier has no sampler for Tensor.expand/expand_as; its examples verify it",
 }
 
 
