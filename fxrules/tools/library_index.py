@@ -32,6 +32,8 @@ FAMILIES: dict[str, str] = {
     "swap": "`[changes]` experiments that alter what the model computes on purpose (activation swaps, "
             "pruning). Leave them out with `RuleSet.select(contracts=[\"exact\", \"approx\"])`.",
     "aten": "The cleanup rules at the aten level, for `torch.export` programs.",
+    "fuse": "Fuse written-out attention (matmul, scale, mask, softmax, dropout, matmul) into one "
+            "`scaled_dot_product_attention` call, with conditions that rule out the wrong fusions peers shipped.",
 }
 
 _HEADER = """\
