@@ -32,8 +32,9 @@ FAMILIES: dict[str, str] = {
     "swap": "`[changes]` experiments that alter what the model computes on purpose (activation swaps, "
             "pruning). Leave them out with `RuleSet.select(contracts=[\"exact\", \"approx\"])`.",
     "aten": "The cleanup rules at the aten level, for `torch.export` programs.",
-    "fuse": "Fuse written-out attention (matmul, scale, mask, softmax, dropout, matmul) into one "
-            "`scaled_dot_product_attention` call, with conditions that rule out the wrong fusions peers shipped.",
+    "fuse": "Collapse no-ops the other families lack (casts to the same dtype, reshapes and views to the same "
+            "shape, a transpose of a dimension with itself). The attention (SDPA) fusions are incubating "
+            "(`incubating/attention.fxr` in the repository) until the verifier validates them.",
 }
 
 _HEADER = """\

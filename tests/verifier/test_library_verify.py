@@ -21,9 +21,6 @@ HOOKS = "engine guard: a module with forward hooks is not removed or replaced (i
 ALIAS = ("engine guard: no output may newly alias a parameter or buffer, nor change the strides a later .view "
          "needs (issue 20); or `not is_constant($x) and $x.is_contiguous()` as rules/aten/arith.fxr has")
 TRAINS = "a fold removes trainable parameters: needs the engine's frozen/no-grad predicate in its conditions (issue 20)"
-FUSE_WEAK = ("weak, never wrong: the drawn hosts give the scale as a tensor input (never a literal number), q/k/v "
-             "in half precision or of mismatched ranks, and transpose dims at random, which the fuse rules' "
-             "conditions decline: too few hosts are rewritten; their examples and tests/test_fuse.py verify them")
 KNOWN_WRONG = {
     "canonical_gelu": HOOKS, "canonical_relu": HOOKS, "canonical_sigmoid": HOOKS, "canonical_tanh": HOOKS,
     "canonical_silu": HOOKS, "remove_dropout": HOOKS, "flatten_2d_noop": HOOKS + " (its Flatten alternative)",
@@ -34,11 +31,6 @@ KNOWN_WRONG = {
     "fold_conv1d_bn": TRAINS, "fold_conv2d_bn": TRAINS, "fold_conv3d_bn": TRAINS, "fold_linear_bn": TRAINS,
     "aten_fold_conv1d_bn": TRAINS, "aten_fold_conv2d_bn": TRAINS, "aten_fold_conv3d_bn": TRAINS,
     "double_permute_4d": "weak: its condition (q undoes p, 1 in 24 drawn permutation pairs) is rarely met",
-    **{name: FUSE_WEAK for name in (
-        "sdpa_mul_scale", "sdpa_div_scale", "sdpa_mul_scale_mask", "sdpa_div_scale_mask", "sdpa_prescaled_div",
-        "sdpa_prescaled_mul", "sdpa_prescaled_div_mask", "sdpa_prescaled_mul_mask", "sdpa_no_scale",
-        "sdpa_no_scale_mask", "sdpa_mul_scale_dropout", "sdpa_div_scale_mask_dropout", "sdpa_div_scale_dropout",
-        "sdpa_mul_scale_mask_dropout", "key_transpose_negative_dims")},
 }
 
 
