@@ -472,9 +472,16 @@ def _aliases(module: torch.nn.Module, outputs: Any) -> set:
     return found
 
 
+def _low_precision(module: torch.nn.Module, inputs: tuple) -> bool:
+    """Whether a floating input, parameter or buffer is below float64 (a host may read its tensors from
+    parameters alone, with no input): then ``approx`` compares against a float64 run."""
+    tensors = list(inputs) + list(module.parameters()) + list(module.buffers())
+    return any(t.is_floating_point() and t.dtype != torch.float64 for t in tensors)
+
+
 def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optional[Any]:
     """The original model in float64, for ``approx`` on low-precision dtypes; None when it cannot run so."""
-    if not any(t.is_floating_point() and t.dtype != torch.float64 for t in inputs):
+    if not _low_precision(module, inputs):
         return None
     try:
         double = copy.deepcopy(module).double()
@@ -527,8 +534,7 @@ def _reference_gradients(module: torch.nn.Module, inputs: tuple, seed: int, name
     """The original model's gradients computed in float64, for ``approx`` on low-precision dtypes (the
     same reference as the outputs': a rewrite computing in another order must not be *less* accurate);
     None when not needed or when it cannot run so."""
-    if not any(t.is_floating_point() and t.dtype != torch.float64 for t in inputs) \
-            and not any(p.dtype != torch.float64 for _, p in trained_parameters(module)):
+    if not _low_precision(module, inputs):
         return None
     try:
         double = copy.deepcopy(module).double()
