@@ -75,10 +75,17 @@ def test_input_gradients_are_compared_by_default():
     assert verdict.grade is Grade.VALIDATED, verdict.render()
 
 
-def test_a_rule_that_takes_a_trainable_parameter_off_the_gradient_path_is_caught():
-    _, example = _caught("rule r [approx]: call_function operator.add($x, call_function operator.sub(get_attr $w, "
-                         "get_attr $w)) where not is_constant($x) and $w.numel() == 1 and $w.ndim <= $x.ndim -> $x")
-    assert "trainable parameter" in example.problem, example.problem
+def test_a_rule_that_changes_a_trainable_parameters_gradient_is_caught_in_training_mode():
+    # The engine refuses a rule that drops a trainable parameter in a model in training mode
+    # (trainable-parameter-dropped); the verifier compares parameter gradients on training-mode hosts (eval is
+    # inference, docs/verify.md) and catches what the engine cannot see: the parameter is still read, on the
+    # gradient path, but trained wrong.
+    _, example = _caught("rule r [approx]: call_function operator.add($x, get_attr $w) as s "
+                         "where s.shape == $x.shape and is_floating($x) and $x.is_contiguous() "
+                         "-> call_function operator.add($x, "
+                         "call_function tests.verifier.wrong_builders.double_gradient(get_attr $w))", max_examples=150)
+    assert "gradient of parameter" in example.problem, example.problem
+    assert any("training mode" in fact for fact in example.facts), example.facts
 
 
 def _hooked_sigmoid_model():
