@@ -25,6 +25,8 @@ KNOWN_WRONG: dict[str, str] = {
         "requires grad through x; (2) a batch-norm weight drawn non-finite or huge (float32 special values) makes "
         "the folded weight inf/NaN where the original output is finite or a different inf: the fold needs a "
         "finiteness condition or the builder must decline"),
+    "canonical_silu": ("float16 with special values: the input gradient of x * sigmoid(x) and of F.silu differ "
+                       "beyond the float64 reference's budget (unseeded full run; not yet diagnosed)"),
 }
 
 
