@@ -472,9 +472,16 @@ def _aliases(module: torch.nn.Module, outputs: Any) -> set:
     return found
 
 
+def _low_precision(module: torch.nn.Module, inputs: tuple) -> bool:
+    """Whether a floating input, parameter or buffer is below float64 (a host may read its tensors from
+    parameters alone, with no input): then ``approx`` compares against a float64 run."""
+    tensors = list(inputs) + list(module.parameters()) + list(module.buffers())
+    return any(t.is_floating_point() and t.dtype != torch.float64 for t in tensors)
+
+
 def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optional[Any]:
     """The original model in float64, for ``approx`` on low-precision dtypes; None when it cannot run so."""
-    if not any(t.is_floating_point() and t.dtype != torch.float64 for t in inputs):
+    if not _low_precision(module, inputs):
         return None
     try:
         double = copy.deepcopy(module).double()
@@ -492,31 +499,58 @@ class _Gradients:
     parameters: dict
 
 
-def _gradients(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optional[_Gradients]:
-    """Gradients of the sum of the floating outputs w.r.t. the floating inputs and the trainable
-    parameters (None when no output is differentiable)."""
+def trained_parameters(module: torch.nn.Module) -> tuple:
+    """(name, parameter) for the parameters whose gradients the verifier compares: those requiring grad
+    in a model in training mode, and none in a model in ``eval()``. The engine's guards draw the same
+    line (docs/semantics.md, "Which models train"): an eval-mode model is rewritten for inference, so
+    a fold may drop or replace its parameters even where they require grad; in training mode it may not."""
+    if not module.training:
+        return ()
+    return tuple((name, p) for name, p in module.named_parameters() if p.requires_grad)
+
+
+def _gradients(module: torch.nn.Module, inputs: tuple, seed: int, names: tuple) -> Optional[_Gradients]:
+    """Gradients of the sum of the floating outputs w.r.t. the floating inputs and the parameters of
+    ``module`` named in ``names`` (None when no output is differentiable or nothing is compared)."""
     from fxrules.verifier.hosts import fresh
 
     leaves = [fresh(t).requires_grad_(t.is_floating_point() or t.is_complex()) for t in inputs]
-    params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    owned = dict(module.named_parameters())
+    params = [(name, owned[name]) for name in names if name in owned and owned[name].requires_grad]
     with within_budget(module, inputs), torch.enable_grad(), contextlib.redirect_stderr(io.StringIO()), \
             seeded(seed):
         outputs = [o for o in _flatten(module(*leaves)) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if not outputs:
+        wanted = [t for t in leaves if t.requires_grad] + [p for _, p in params]
+        if not outputs or not wanted:
             return None
         loss = sum(torch.view_as_real(o).double().sum() if o.is_complex() else o.double().sum() for o in outputs)
-        wanted = [t for t in leaves if t.requires_grad] + [p for _, p in params]
         grads = torch.autograd.grad(loss, wanted, allow_unused=True)
     count = sum(t.requires_grad for t in leaves)
     found = [torch.zeros_like(t) if g is None else g for t, g in zip(wanted[:count], grads[:count])]
     return _Gradients(tuple(found), {name: g for (name, _), g in zip(params, grads[count:])})
 
 
-def _compare_gradients(before: _Gradients, after: _Gradients, contract: str) -> _Comparison:
+def _reference_gradients(module: torch.nn.Module, inputs: tuple, seed: int, names: tuple) -> Optional[_Gradients]:
+    """The original model's gradients computed in float64, for ``approx`` on low-precision dtypes (the
+    same reference as the outputs': a rewrite computing in another order must not be *less* accurate);
+    None when not needed or when it cannot run so."""
+    if not _low_precision(module, inputs):
+        return None
+    try:
+        double = copy.deepcopy(module).double()
+        return _gradients(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed, names)
+    except Exception:
+        return None
+
+
+def _compare_gradients(before: _Gradients, after: _Gradients, contract: str,
+                       reference: Optional[_Gradients] = None) -> _Comparison:
     """Input gradients by the contract; then every trainable parameter of the original must still be a
     trainable parameter of the rewritten model, on the gradient path where it was, with its gradient
-    kept by the contract (a rule that folds a trainable parameter away breaks training)."""
-    outcome = compare(list(before.inputs), list(after.inputs), contract, noun="input gradient")
+    kept by the contract (a rule that folds a trainable parameter away breaks training). ``reference``:
+    the original's gradients in float64 (``approx`` on low-precision dtypes, as for outputs)."""
+    outcome = compare(list(before.inputs), list(after.inputs), contract,
+                      list(reference.inputs) if reference is not None else None, noun="input gradient")
     if outcome.problem is not None:
         return outcome
     for name, grad in before.parameters.items():
@@ -529,7 +563,8 @@ def _compare_gradients(before: _Gradients, after: _Gradients, contract: str) -> 
             return _Comparison(f"the trainable parameter {name} {state} on the gradient path after the rewrite")
         if grad is None:
             continue
-        found = compare(grad, new, contract, noun=f"gradient of parameter {name}")
+        truth = reference.parameters.get(name) if reference is not None else None
+        found = compare(grad, new, contract, truth, noun=f"gradient of parameter {name}")
         if found.problem is not None:
             return found
     return outcome
@@ -589,12 +624,15 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
             outcome = _Comparison(f"{output} shares memory with {other} after the rewrite (it did not before)",
                                   outcome.max_abs, outcome.max_rel)
     if outcome.problem is None and options.grad and rule.contract != "changes" and outcome.shapes_kept:
+        names = tuple(name for name, _ in trained_parameters(module))  # none in eval mode: inference
         try:
-            grads_before, grads_after = _gradients(module, inputs, seed), _gradients(result.module, inputs, seed)
+            grads_before = _gradients(module, inputs, seed, names)
+            grads_after = _gradients(result.module, inputs, seed, names)
         except RuntimeError:
             grads_before = grads_after = None
         if grads_before is not None and grads_after is not None:
-            grad_outcome = _compare_gradients(grads_before, grads_after, rule.contract)
+            reference = _reference_gradients(module, inputs, seed, names) if rule.contract == "approx" else None
+            grad_outcome = _compare_gradients(grads_before, grads_after, rule.contract, reference)
             if grad_outcome.problem is not None:
                 outcome = _Comparison("gradients: " + grad_outcome.problem, grad_outcome.max_abs, grad_outcome.max_rel)
         elif grads_before is not None:

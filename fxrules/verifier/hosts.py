@@ -114,6 +114,7 @@ class HostGraphWriter:
         self.lines: list[str] = []
         self.module_calls: list[fx.Node] = []
         self.dressing: dict = {}
+        self.perms: list[list] = []  # permutations drawn so far (a later one may undo one of them)
         self.seed = draw(st.integers(0, 2**31 - 1), label="input seed")
         self.generator = torch.Generator().manual_seed(self.seed)
 
@@ -218,7 +219,7 @@ class HostGraphWriter:
             return sorted(draw(st.sets(st.integers(0, max(rank - 1, 0)), min_size=1, max_size=max(rank, 1)),
                                label=param.name))
         if kind == "perm":
-            return list(draw(st.permutations(list(range(rank))), label=param.name))
+            return self.permutation(rank, param.name)
         if kind == "shape":
             return self.reshape_target(of)
         if kind == "prob":
@@ -371,6 +372,19 @@ class HostGraphWriter:
             else:
                 out.append(self.pattern(item, Param(param.name, "number"), ctx))
         return out
+
+    def permutation(self, rank: int, label: str) -> list:
+        """A permutation of ``rank`` dims; sometimes the inverse of one drawn earlier in this host, so
+        that ``permute(permute(x, p), q)`` with q undoing p (1 in 24 pairs for 4 dims) is drawn often
+        enough for a rule about it to be checked on several hosts."""
+        earlier = [p for p in self.perms if len(p) == rank]
+        if earlier and self.draw(st.sampled_from([False, True]), label=f"{label} undoes an earlier one"):
+            undone = self.draw(st.sampled_from(earlier), label=f"{label} undoes")
+            perm = [undone.index(i) for i in range(rank)]
+        else:
+            perm = list(self.draw(st.permutations(list(range(rank))), label=label))
+        self.perms.append(perm)
+        return perm
 
     def shape(self, ranks: Optional[tuple]) -> tuple:
         low, high = ranks or (1, 4)

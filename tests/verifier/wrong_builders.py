@@ -22,3 +22,19 @@ def double_weights_in_place(linear: nn.Module) -> nn.Module:
         if linear.bias is not None:
             linear.bias.mul_(2)
     return linear
+
+
+class _DoubleGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, value):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def double_gradient(value: torch.Tensor) -> torch.Tensor:
+    """``value`` itself forward (a copy), twice its gradient backward: a replacement that keeps a trainable
+    parameter on the gradient path (the engine's trainable-parameter check passes) but trains it wrong."""
+    return _DoubleGradient.apply(value)
