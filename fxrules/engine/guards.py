@@ -547,7 +547,11 @@ def trainable_parameters_dropped(work: Any, match: Match, modules: Mapping[int, 
     if not work.trains:
         return None
     env = match.bindings
-    read = _trainable_read(work, list(env.nodes) + list(env.attrs))
+    # get_attr values bound by captures count too: matched nodes read them, and a builder that
+    # consumes one (a fold's `$beta`) takes it off the gradient path unless the replacement forwards it
+    captured: list = []
+    _nodes_in(list(env.captures.values()), captured)
+    read = _trainable_read(work, list(env.nodes) + list(env.attrs) + [n for n in captured if n.op == "get_attr"])
     if not read:
         return None
     kept = _kept_parameters(work, match, modules)

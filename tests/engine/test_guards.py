@@ -439,3 +439,29 @@ def test_the_verifier_reports_a_guard_refusal_as_a_counterexample():
     [verdict] = report.verdicts
     assert verdict.grade == "wrong"
     assert verdict.counterexample.problem.startswith("the engine refused the rewrite (shape-changed)")
+
+
+def test_a_trainable_parameter_bound_by_a_capture_and_consumed_by_a_builder_is_not_dropped():
+    """aten_fold_conv2d_bn binds batch norm's weight and bias with captures (`$beta`) and hands them to its
+    builder: in a model that trains, the fold would take `beta` off the gradient path (found by the verifier)."""
+    from torch import fx
+
+    root = nn.Module()
+    root.w = nn.Parameter(torch.randn(2, 3, 1, 1), requires_grad=False)
+    root.beta = nn.Parameter(torch.zeros(2))  # trainable
+    root.mean = nn.Parameter(torch.zeros(2), requires_grad=False)
+    root.var = nn.Parameter(torch.ones(2), requires_grad=False)
+    root.x = nn.Parameter(torch.randn(1, 3, 4, 4))
+    g = fx.Graph()
+    aten = torch.ops.aten
+    conv = g.call_function(aten.conv2d.default, (g.get_attr("x"), g.get_attr("w"), None, [1, 1], [0, 0], [1, 1], 1))
+    g.output(g.call_function(aten.batch_norm.default, (conv, None, g.get_attr("beta"), g.get_attr("mean"),
+                                                       g.get_attr("var"), False, 0.0, 1e-5, False)))
+    model = fx.GraphModule(root, g).train()
+    result = fxrules.apply_rules(model, fxrules.LIBRARY, example_inputs=())
+    assert "aten_fold_conv2d_bn" not in result.counts
+    refused = [r for r in result.report.rejected if r.rule == "aten_fold_conv2d_bn"]
+    assert [r.code for r in refused] == [RefusalCode.TRAINABLE_PARAMETER_DROPPED] and "`beta`" in refused[0].reason
+    assert "beta" in dict(result.module.named_parameters())
+    eval_result = fxrules.apply_rules(model.eval(), fxrules.LIBRARY, example_inputs=())
+    assert eval_result.counts.get("aten_fold_conv2d_bn") == 1  # eval is inference: the fold applies

@@ -20,9 +20,8 @@ HOSTS = max(MIN_HOSTS + 3, settings.default.max_examples // 30)  # weak below MI
 # semantics (parameter gradients compared in training mode only); see docs/verify.md. Found since, still open:
 KNOWN_WRONG: dict[str, str] = {
     "aten_fold_conv2d_bn": (
-        "(1) engine: a trainable parameter bound by a plain capture ($beta, $gamma, $b) and consumed by the builder "
-        "is not seen by trainable-parameter-dropped, so in training mode the fold drops it where the result still "
-        "requires grad through x; (2) a batch-norm weight drawn non-finite or huge (float32 special values) makes "
+        "(the engine's part is fixed: a captured trainable parameter a builder consumes is now refused, "
+        "tests/engine/test_guards.py) a batch-norm weight drawn non-finite or huge (float32 special values) makes "
         "the folded weight inf/NaN where the original output is finite or a different inf: the fold needs a "
         "finiteness condition or the builder must decline"),
     "double_neg": ("on a strided x read by a later .view the engine refuses the rewrite (layout-changed): the model "
