@@ -320,8 +320,8 @@ class RealRunGuard(fxaccess.DispatchMode):
         run fails (refused first when it cannot size the op and ``unsized`` says so)."""
         try:
             with fxaccess.quiet_meta_failures(), self.fake:
-                fake_args = _to_fake(self.fake, args)
-                fake_kwargs = _to_fake(self.fake, kwargs)
+                fake_args = fxaccess.to_fake(self.fake, args)
+                fake_kwargs = fxaccess.to_fake(self.fake, kwargs)
                 known = _input_keys(fake_args, fake_kwargs)
                 return self.ledger.new_storages(func(*fake_args, **fake_kwargs), known)
         except AllocationRefused:
@@ -334,11 +334,3 @@ class RealRunGuard(fxaccess.DispatchMode):
             return None
 
 
-def _to_fake(mode: Any, value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and not fxaccess.is_fake_tensor(value):
-        return mode.from_tensor(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_fake(mode, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_fake(mode, v) for k, v in value.items()}
-    return value

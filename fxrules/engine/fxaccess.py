@@ -625,6 +625,17 @@ def compile_backend_named(name: str) -> Callable:
     return lookup_backend(name)
 
 
+def to_fake(mode: Any, value: Any) -> Any:
+    """``value`` with its real tensors made fake in ``mode`` (lists, tuples and dicts item by item)."""
+    if isinstance(value, torch.Tensor) and not is_fake_tensor(value):
+        return mode.from_tensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_fake(mode, v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_fake(mode, v) for k, v in value.items()}
+    return value
+
+
 def is_fake_tensor(value: Any) -> bool:
     """Whether ``value`` is a fake tensor (it has a ``fake_mode``)."""
     return isinstance(value, _FakeTensor)

@@ -186,7 +186,7 @@ class DryRun:
             with fxaccess.fake_copy_mode(mode):
                 module = copy.deepcopy(module)
         with mode:
-            args, kwargs = _to_fake(mode, args), _to_fake(mode, kwargs)
+            args, kwargs = fxaccess.to_fake(mode, args), fxaccess.to_fake(mode, kwargs)
             return _function(item, module, args)(*_rest(item, args), **kwargs)
 
     def copy_call(self, item: RCall, module: Optional[nn.Module], args: tuple, kwargs: dict) -> Any:
@@ -204,7 +204,7 @@ class DryRun:
             budget = Budget.for_model(module if module is not None else nn.Module(), (args, kwargs))
             with RealRunGuard(budget, Unsized.RUN_AND_COUNT):
                 result = _function(item, module, args)(*_rest(item, args), **kwargs)
-        return _to_fake(self.mode, result) if self.mode is not None else _as_meta(result)
+        return fxaccess.to_fake(self.mode, result) if self.mode is not None else _as_meta(result)
 
 
 def _function(item: RCall, module: Optional[nn.Module], args: tuple) -> Callable:
@@ -240,16 +240,6 @@ def _first_unknown(value: Any) -> Optional[Unknown]:
     elif isinstance(value, dict):
         return _first_unknown(tuple(value.values()))
     return None
-
-
-def _to_fake(mode: Any, value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and not fxaccess.is_fake_tensor(value):
-        return mode.from_tensor(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_fake(mode, v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_fake(mode, v) for k, v in value.items()}
-    return value
 
 
 def _materialise(value: Any) -> Any:
