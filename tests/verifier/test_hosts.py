@@ -20,6 +20,7 @@ from hypothesis.errors import UnsatisfiedAssumption
 from torch import fx, nn
 
 import fxrules
+from fxrules.engine.refusals import MissCode
 from fxrules.engine.matcher import GraphView, Match, match_program
 from fxrules.engine.program import compile_rules
 from fxrules.verifier.hosts import Host, HostGraphWriter
@@ -119,6 +120,13 @@ def test_a_host_holds_the_pattern_at_its_root_and_runs_on_its_inputs(name):
         for node, value in zip(output_nodes(host), outs):  # what the writer computed while writing
             torch.testing.assert_close(value, writer.values[node], rtol=0, atol=0, equal_nan=True,
                                        msg=lambda m: f"{name}: {m}\n{host.module.code}")
+        first = root_nodes(host)[0]
+        if first.op == "call_module" and not type(host.module.get_submodule(first.target)).__module__.startswith("torch."):
+            # a drawn subclass that overrides what its forward calls: the engine does not take it for the
+            # base class (docs/semantics.md, subclasses), so the pattern misses it, by design
+            miss = match_program(program_of(name), first, view_of(host))
+            assert not isinstance(miss, Match) and miss.code is MissCode.TARGET_MISMATCH, (name, host.module.code)
+            continue
         result = match_at_root(name, host)
         roots = root_nodes(host)
         assert result.roots == roots[:len(result.roots)]
