@@ -428,11 +428,11 @@ class RuleCompiler:
     def program(self) -> Program:
         ast = self.rule.ast
         patterns = self.rule.pattern_roots
-        self.bound_names = _bound_names(patterns)
+        self.bound_names = A.bound_names(patterns)
         self.position = Position.PATTERN
         roots = tuple(self.pattern(p) for p in patterns)
         self.position = Position.REPLACEMENT
-        self.shared_names = _bound_names(ast.replacements)  # nodes a replacement builds once and names
+        self.shared_names = A.bound_names(ast.replacements)  # nodes a replacement builds once and names
         replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
                        any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]),
@@ -560,24 +560,6 @@ def _seq(value: Any) -> Any:
     if isinstance(value, tuple):
         return PSeq(value)
     return value
-
-
-def _bound_names(patterns) -> set[str]:
-    names: set[str] = set()
-    stack = list(patterns)
-    while stack:
-        expr = stack.pop()
-        if isinstance(expr, A.Bind):
-            names.add(expr.name)
-            stack.append(expr.expr)
-        elif isinstance(expr, A.Alt):
-            stack.extend(expr.options)
-        elif isinstance(expr, A.Call):
-            stack.extend(a for a in expr.args or ())
-            stack.extend(k.value for k in expr.kwargs)
-        elif isinstance(expr, (A.ListExpr, A.TupleExpr)):
-            stack.extend(expr.items)
-    return names
 
 
 def _keys(pattern: Pattern) -> tuple:

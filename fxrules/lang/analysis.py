@@ -688,24 +688,6 @@ def contradiction(clauses: Iterable, facts: Iterable[_Atom] = ()) -> Optional[tu
 # ---------------------------------------------------------------------------
 
 
-def _bound_names(exprs: Iterable[A.Expr]) -> frozenset:
-    names: set[str] = set()
-    stack = list(exprs)
-    while stack:
-        expr = stack.pop()
-        if isinstance(expr, A.Bind):
-            names.add(expr.name)
-            stack.append(expr.expr)
-        elif isinstance(expr, A.Alt):
-            stack.extend(expr.options)
-        elif isinstance(expr, A.Call):
-            stack.extend(expr.args or ())
-            stack.extend(k.value for k in expr.kwargs)
-        elif isinstance(expr, (A.ListExpr, A.TupleExpr)):
-            stack.extend(expr.items)
-    return frozenset(names)
-
-
 def _pattern_facts(expr: A.Expr) -> list[_Atom]:
     """``name.attr == literal`` for every module attribute constraint written with a literal on a node
     bound with ``as`` (an alternation-free pattern)."""
@@ -738,7 +720,7 @@ def unsatisfiable(rule: CheckedRule) -> Optional[Finding]:
     """An ``unsatisfiable`` finding when the rule's conditions contradict each other or its pattern."""
     if not rule.ast.conditions:
         return None
-    reader = _Conditions(rule.aliases, _bound_names(rule.ast.patterns))
+    reader = _Conditions(rule.aliases, A.bound_names(rule.ast.patterns))
     clauses = _clauses(rule, reader)
     root_variants = [variants(p) for p in rule.ast.patterns]
     if any(v is None for v in root_variants):
@@ -823,8 +805,8 @@ def _implied(earlier: CheckedRule, later: CheckedRule, later_variant: A.Expr, ma
     negation contradicts them. Anything else is undecided, which counts as not implied."""
     if not earlier.ast.conditions:
         return True
-    renamer = _Renamer(mapping, _bound_names(earlier.ast.patterns), earlier.aliases)
-    later_reader = _Conditions(later.aliases, _bound_names(later.ast.patterns))
+    renamer = _Renamer(mapping, A.bound_names(earlier.ast.patterns), earlier.aliases)
+    later_reader = _Conditions(later.aliases, A.bound_names(later.ast.patterns))
     later_clauses = _clauses(later, later_reader)
     facts = _pattern_facts(later_variant)
     for condition in earlier.ast.conditions:

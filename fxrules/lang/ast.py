@@ -303,6 +303,25 @@ class CBinary:
 Cond = Union[CCapture, CName, CLiteral, CAttr, CIndex, CCall, CList, CUnary, CBinary]
 
 
+def bound_names(exprs) -> frozenset:
+    """The names ``as`` binds anywhere in these pattern (or replacement) expressions."""
+    names: set[str] = set()
+    stack = list(exprs)
+    while stack:
+        expr = stack.pop()
+        if isinstance(expr, Bind):
+            names.add(expr.name)
+            stack.append(expr.expr)
+        elif isinstance(expr, Alt):
+            stack.extend(expr.options)
+        elif isinstance(expr, Call):
+            stack.extend(expr.args or ())
+            stack.extend(k.value for k in expr.kwargs)
+        elif isinstance(expr, (ListExpr, TupleExpr)):
+            stack.extend(expr.items)
+    return frozenset(names)
+
+
 def name_chain(cond: Cond) -> Optional[tuple[str, ...]]:
     """``a.b.c`` as ``("a", "b", "c")`` when ``cond`` is an attribute chain on a bare name, else None."""
     parts: list[str] = []
