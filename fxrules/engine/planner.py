@@ -9,7 +9,9 @@ message the report shows, the nodes concerned) when, checked in this order:
 * a matched node has a side effect its call declares (removing it would drop the effect:
   ``drops-side-effect``): see :meth:`Effects.declared_effect`; torch's own
   ``Node.is_impure`` misses in-place method calls such as ``buf.add_(1)`` and ``print`` in
-  symbolic_trace graphs, so this module has its own test;
+  symbolic_trace graphs, so this module has its own test; an in-place call that only writes a
+  fresh temporary it alone reads (``F.relu6(x + 3, inplace=True)``) is not refused for that
+  (:func:`writes_only_match_temporaries`);
 * under ``[exact]``/``[approx]``, the rewrite removes, leaves unused or adds a call that draws
   random numbers (``changes-random-draws``);
 * the replacement uses a node the rewrite removes (``uses-replaced-node``), writes in place a
@@ -170,6 +172,23 @@ class Effects:
             return self._module_side_effect(node)
         if self.declared_writes(node):
             return f"%{node.name} modifies its input in place"
+        return self._call_effect(node)
+
+    def effect_besides_writes(self, node: fx.Node) -> Optional[str]:
+        """The effect ``node``'s call declares other than writing its inputs in place (see
+        :meth:`declared_effect`), or None: what removing an in-place call on a temporary only the
+        match sees would still drop (:func:`writes_only_match_temporaries`)."""
+        op = node.op
+        if op in ("placeholder", "output"):
+            return self.declared_effect(node)
+        if op == "call_module":
+            return self._module_effect_besides_writes(node)
+        return self._call_effect(node)
+
+    def _call_effect(self, node: fx.Node) -> Optional[str]:
+        """What a call_function or call_method declares besides writes: an effectful method or
+        builtin, an op torch marks impure, a function the engine does not know."""
+        op = node.op
         if op == "call_method" and isinstance(node.target, str) and node.target in aliasing.EFFECTFUL_METHODS:
             return f"%{node.name} calls method `{node.target}`, which has a side effect"
         if op == "call_function":
@@ -192,13 +211,18 @@ class Effects:
         module = self.module_of(node.target)
         if module is None:
             return None
+        if not module_hooks(module) and node.args and self._module_effects(node.target)[0]:
+            return f"%{node.name} modifies its input in place"
+        return self._module_effect_besides_writes(node)  # hooks are named before a write
+
+    def _module_effect_besides_writes(self, node: fx.Node) -> Optional[str]:
+        module = self.module_of(node.target)
+        if module is None:
+            return None
         hooks = module_hooks(module)
         if hooks:
             return f"%{node.name} calls `{node.target}`, which has {', '.join(hooks)}"
-        writes, impure = self._module_effects(node.target)
-        if writes and node.args:
-            return f"%{node.name} modifies its input in place"
-        if impure:
+        if self._module_effects(node.target)[1]:
             return f"%{node.name} calls a module marked impure"
         if aliasing.module_updates_statistics(module):
             return f"%{node.name} updates the running statistics of `{node.target}` (training mode)"
@@ -233,7 +257,8 @@ class Effects:
         tensors it is passed, not model state it reaches through globals.
 
         The writes of nodes to their inputs are found once per run: the planner keeps them valid,
-        as a rewrite never drops a write (``drops-side-effect``), never redirects one to other
+        as a rewrite never drops a write to anything but a temporary only the match sees
+        (``drops-side-effect``, :func:`writes_only_match_temporaries`), never redirects one to other
         storage (``replaced-node-mutated``), and never adds one to an existing value
         (``replacement-writes-input``). What module calls write is looked up per call_module node
         (and remembered per node and module), so a module a rewrite makes is seen.
@@ -571,13 +596,44 @@ def drops_side_effect(match: Match, effects: Effects) -> Optional[Refusal]:
     """A matched node with a side effect: the rewrite removes matched nodes, and the effect with them.
     What counts is the effect the call declares (:meth:`Effects.declared_effect`): the rule names
     each matched node's target (a subclass only when it computes as the named class), so a call
-    the engine does not know by itself is the rule author's to vouch for."""
+    the engine does not know by itself is the rule author's to vouch for. An in-place call whose
+    only effect is writing temporaries no one else sees is not refused
+    (:func:`writes_only_match_temporaries`)."""
     for node in match.bindings.nodes:
         effect = effects.declared_effect(node)
-        if effect is not None:
+        if effect is not None and not writes_only_match_temporaries(node, effects):
             return Refusal(RefusalCode.DROPS_SIDE_EFFECT,
                            f"removing the match would drop a side effect: {effect}", (node.name,))
     return None
+
+
+def writes_only_match_temporaries(writer: fx.Node, effects: Effects) -> bool:
+    """Whether the only effect of the matched call ``writer`` is writing, in place, values that are
+    private temporaries of it (:func:`is_private_temporary`): MobileNetV3's hardswish,
+    ``x * F.relu6(x + 3, inplace=True) / 6``, writes the sum ``x + 3`` that nothing else reads.
+
+    Removing such a write is unobservable: the written storage is fresh (no input, parameter,
+    buffer or other value shares it), and the writer is its only reader, so the new values are
+    seen only through the writer's own result, which the match covers like any value (an
+    interior node has no users outside the match; a root is replaced, and the later in-place
+    writes of a root that shares storage are refused by :func:`replaced_by_value`). A call the
+    engine does not know is never one: it may write more than it declares."""
+    if effects.is_unknown_call(writer) or effects.effect_besides_writes(writer) is not None:
+        return False
+    written = effects.declared_writes(writer)
+    return bool(written) and all(is_private_temporary(value, writer, effects) for value in written)
+
+
+def is_private_temporary(value: fx.Node, writer: fx.Node, effects: Effects) -> bool:
+    """Whether ``value`` is a temporary only ``writer`` sees: a call the engine knows, whose result
+    shares storage with none of its inputs (not a view, not an in-place result, not a call that may
+    return its input; so not a placeholder's, parameter's or buffer's storage), read by ``writer``
+    and nothing else (so no view of it and no other reader, before or after the write, exists)."""
+    return (value.op in _CALL_OPS and not effects.is_unknown_call(value) and not effects.aliasing.bases(value)
+            and set(value.users) == {writer})
+
+
+_CALL_OPS = frozenset({"call_function", "call_method", "call_module"})
 
 
 RANDOM_CONTRACTS = frozenset({"exact", "approx"})
