@@ -44,9 +44,9 @@ import fxrules.lang.ast as A
 from fxrules.lang import allowlist
 from fxrules.lang.names import expand
 from fxrules.engine.predicates import PREDICATES
-from fxrules.lang.names import CONDITION_FUNCTIONS, USER_FUNCTIONS
+from fxrules.lang.names import BINDING_PREDICATES, CONDITION_FUNCTIONS, MAX_CONDITION_ITEMS, USER_FUNCTIONS
 
-MAX_SEQUENCE = 1 << 16
+MAX_SEQUENCE = MAX_CONDITION_ITEMS
 """The most items (or characters) a list, tuple or string built by a condition may have, nested items
 counted: ``[[0] * 60000] * 60000`` holds 60,000 references to one list, cheap to build, but comparing
 or concatenating it walks 3.6e9 items, so a sequence's budget is its :func:`_weight`."""
@@ -60,6 +60,25 @@ MAX_NDIGITS = 1000
 
 class ConditionRefused(Exception):
     """A condition asked for more than the evaluation budget allows, or for a name the allow-list refuses."""
+
+
+class ConditionRaised(Exception):
+    """A condition's own operation raised on this match's values (``$s * 1.0`` where ``$s`` is a
+    tensor's metadata: TypeError; an index out of range; a division by zero). The condition
+    does not hold, and the engine refuses the match with ``condition-raised`` and the error,
+    rather than abort the run: the rule is wrong for this match, the model is not. A function a
+    rule names by dotted path (an allowed import) that raises is the caller's code failing, and
+    stays an error."""
+
+    def __init__(self, cond: A.Cond, error: Exception):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.cond = cond
+        self.error = error
+
+
+RAISED_BY_OPERATIONS = (TypeError, ValueError, ArithmeticError, LookupError, AttributeError, RuntimeError)
+"""What an operation of the condition language raises on values it does not apply to (``RuntimeError``:
+torch's, comparing tensors of other shapes): :class:`ConditionRaised`."""
 
 
 class MissingMetadata(Exception):
@@ -172,6 +191,7 @@ class Evaluator:
         self.aliases = aliases
         self.resolver = resolver
         self._effects = effects
+        self._state = _EvaluationState()  # shared with the copies a generator's items are read in
 
     def effects(self) -> Any:
         if self._effects is None:
@@ -194,10 +214,15 @@ class Evaluator:
     def holds(self, cond: A.Cond) -> bool:
         """A whole `where` line: a value without the metadata it asks for (an int's dtype) makes it false,
         whatever `not`s surround that read."""
+        self._state.items_left = MAX_CONDITION_ITEMS
         try:
             return self.truth(cond)
         except NotApplicable:
             return False
+        except RAISED_BY_OPERATIONS as exc:
+            if exc is self._state.raised_by_function:
+                raise
+            raise ConditionRaised(cond, exc) from exc
 
     def truth(self, cond: A.Cond) -> bool:
         return bool(self.value(cond))
@@ -294,6 +319,10 @@ class Evaluator:
     def call(self, cond: A.CCall) -> Any:
         if isinstance(cond.func, A.CName) and cond.func.name in USER_FUNCTIONS:
             return self.user_function(cond)
+        if isinstance(cond.func, A.CName) and cond.func.name in BINDING_PREDICATES:
+            return self.is_literal(cond)
+        if cond.args and isinstance(cond.args[0], A.CGenerator):
+            return self.generator_call(cond)
         # A captured node passed straight to a function need not have metadata: the function
         # gets the node itself then (built-in predicates answer False for it).
         args = [self.captures[a.name] if isinstance(a, A.CCapture) and _bare_node(self.captures[a.name])
@@ -323,7 +352,50 @@ class Evaluator:
         function = self.resolved(path)
         values = [self.predicate_arg(a) for a in args]
         _check_readable(values)
-        return function(*values)
+        try:
+            return function(*values)
+        except BaseException as exc:  # noqa: BLE001 - re-raised: holds() tells it from the language's own errors
+            self._state.raised_by_function = exc
+            raise
+
+    def generator_call(self, cond: A.CCall) -> Any:
+        """``all(ELEMENT for VAR in ITERABLE if FILTER)`` (any, sum, min, max, tuple): the builtin
+        consumes the items as Python's generator would (``all`` stops at the first false one), each
+        counted against the evaluation's budget of :data:`MAX_CONDITION_ITEMS`."""
+        func = cond.func.name
+        if func not in CONDITION_FUNCTIONS:  # the checker allows generators only in these
+            raise NameError(f"`{func}` does not take a generator")
+        generator = cond.args[0]
+        iterable = _plain(self, self.value(generator.iterable))
+        if isinstance(iterable, torch.Tensor):
+            _check_builtin(func, [iterable])
+        items = self._generated(generator, iter(iterable))
+        try:
+            return _bounded(CONDITION_FUNCTIONS[func](items))
+        finally:
+            items.close()
+
+    def _generated(self, generator: A.CGenerator, iterator: Any) -> Any:
+        scoped = self.scoped(generator.var)
+        for item in iterator:
+            self._state.take_item()
+            scoped.names[generator.var] = item
+            if generator.filter is not None and not scoped.truth(generator.filter):
+                continue
+            yield scoped.value(generator.element)
+
+    def scoped(self, var: str) -> "Evaluator":
+        """A copy that reads ``var`` as a name too (a generator's item), sharing the item budget."""
+        inner = Evaluator(self.captures, {**self.names, var: None}, self.module_of, self.attr_of, self.aliases,
+                          self.resolver, self._effects)
+        inner._state = self._state
+        return inner
+
+    def is_literal(self, cond: A.CCall) -> bool:
+        """``is_literal($k)``: whether ``$k`` is bound to a literal argument (a number, string, bool,
+        None, dtype, ..., or a list or tuple holding no node), not a graph node."""
+        value = self.captures[cond.args[0].name]
+        return not _holds_node(value)
 
     def user_function(self, cond: A.CCall) -> Any:
         """``users``, ``user_targets``, ``used_only_by`` (fxrules.lang.names.USER_FUNCTIONS): about the
@@ -454,7 +526,37 @@ def _check_tensor_index(base: torch.Tensor, index: Any) -> None:
 _ITERATING = frozenset({"tuple", "sum", "all", "any", "min", "max"})
 
 
+class _EvaluationState:
+    """What one evaluation shares with the copies its generators read items in: how many more items
+    they may visit (:data:`MAX_CONDITION_ITEMS` in all: nested generators multiply, so they count
+    together), and the exception a function named by path raised (an error, not the condition's)."""
+
+    __slots__ = ("items_left", "raised_by_function")
+
+    def __init__(self) -> None:
+        self.items_left = MAX_CONDITION_ITEMS
+        self.raised_by_function: Optional[BaseException] = None
+
+    def take_item(self) -> None:
+        self.items_left -= 1
+        if self.items_left < 0:
+            raise ConditionRefused(f"a condition's generators may visit at most {MAX_CONDITION_ITEMS} items in all")
+
+
+def _holds_node(value: Any) -> bool:
+    if isinstance(value, fx.Node):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_node(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_node(v) for v in value.values())
+    return False
+
+
 def _check_builtin(name: str, args: list) -> None:
+    if name == "range" and all(isinstance(a, int) for a in args) and 1 <= len(args) <= 3 \
+            and not (len(args) == 3 and args[2] == 0) and len(range(*args)) > MAX_SEQUENCE:
+        raise ConditionRefused(f"`range` in a condition has at most {MAX_SEQUENCE} items")
     if name in _ITERATING and any(_size(a) > MAX_SEQUENCE for a in args if isinstance(a, torch.Tensor)):
         raise ConditionRefused(f"`{name}` in a condition may iterate over at most {MAX_SEQUENCE} items")
     if name == "sum" and any(isinstance(a, _SEQUENCES) for a in args[1:] + _items(args)):

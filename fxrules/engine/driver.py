@@ -24,12 +24,12 @@ import torch
 from torch import fx, nn
 
 from fxrules.engine import fxaccess
-from fxrules.engine.conditions import Evaluator, MissingMetadata
+from fxrules.engine.conditions import ConditionRaised, Evaluator, MissingMetadata
 from fxrules.lang.diagnostics import FxrulesError
 from fxrules.engine.matcher import UNHASHABLE_INPUT, GraphView, Match, Miss, input_keys, match_program, may_match
 from fxrules.engine.planner import Plan, plan
 from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
-from fxrules.engine.refusals import MissCode, Refusal
+from fxrules.engine.refusals import MissCode, Refusal, RefusalCode
 from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
 from fxrules.lang.ruleset import RuleSet
 from fxrules.engine.budget import Budget, RealRunGuard, Unsized
@@ -213,7 +213,8 @@ class _Session:
                             stack_trace=node.meta.get("stack_trace"))
 
     def conditions(self, match: Match) -> Optional[Any]:
-        """None when every condition holds, else the first condition that does not."""
+        """None when every condition holds, else the first condition that does not, or the
+        ``condition-raised`` :class:`Refusal` of one that raised (:func:`condition_raised`)."""
         program = match.program
         if not program.conditions:
             return None
@@ -223,6 +224,8 @@ class _Session:
         for condition in program.conditions:
             try:
                 holds = evaluator.holds(condition)
+            except ConditionRaised as exc:
+                return condition_raised(self.rule_set, match, exc)
             except MissingMetadata as exc:
                 raise self.error(program, match.roots[0],
                                  f"a condition reads `{exc.attr}` of %{exc.node.name}, but the graph has no "
@@ -300,10 +303,13 @@ class _Session:
             result = self.try_match(program, node)
             if isinstance(result, Miss):
                 continue
-            if self.conditions(result) is not None:
+            failed = self.conditions(result)
+            key = (program.rule.index, tuple(n.name for n in result.roots))
+            if isinstance(failed, Refusal):
+                rejected[key] = _rejected(program, result, failed)
+            if failed is not None:
                 continue
             decision = self.plan(result)
-            key = (program.rule.index, tuple(n.name for n in result.roots))
             if isinstance(decision, Refusal):
                 rejected[key] = _rejected(program, result, decision)
                 continue
@@ -354,6 +360,14 @@ class _Session:
         return found
 
 
+def condition_raised(rule_set: RuleSet, match: Match, raised: ConditionRaised) -> Refusal:
+    """The refusal of a match whose condition raised: the condition, quoted, and the error."""
+    condition = _quoted(rule_set, raised.cond.span)
+    root = match.roots[0]
+    return Refusal(RefusalCode.CONDITION_RAISED,
+                   f"the condition {condition or f'at {raised.cond.span}'} raised {raised}", (root.name,))
+
+
 def _rejected(program: Program, match: Match, refusal: Refusal) -> Rejected:
     return Rejected(program.name, program.rule.source, tuple(n.name for n in match.nodes), refusal.message,
                     code=refusal.code, nodes=refusal.nodes)
@@ -399,9 +413,12 @@ def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None,
             if program.requires and not may_match(program, node, work.module_of, keys):
                 continue
             result = session.try_match(program, node)
-            if isinstance(result, Miss) or session.conditions(result) is not None:
+            if isinstance(result, Miss):
                 continue
-            decision = session.plan(result)
+            failed = session.conditions(result)
+            if failed is not None and not isinstance(failed, Refusal):
+                continue
+            decision = failed if failed is not None else session.plan(result)
             refusal = decision if isinstance(decision, Refusal) else session.refusal_before_edit(program, result)
             found.append(MatchInfo(program.name, program.rule.source, tuple(n.name for n in result.roots),
                                    tuple(n.name for n in result.nodes),
@@ -414,13 +431,21 @@ def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None,
 
 def _condition_false(rule_set: RuleSet, span) -> str:
     """The near-miss reason for a false condition, quoting it from the rule file when its text is known."""
+    quoted = _quoted(rule_set, span)
+    if quoted:
+        return f"the pattern matched, but the condition {quoted} is false"
+    return "the pattern matched, but this condition is false"
+
+
+def _quoted(rule_set: RuleSet, span) -> str:
+    """```text``` of a one-line span of a rule file whose text is known; empty otherwise."""
     text = rule_set.sources.get(span.path)
     lines = text.split("\n") if text is not None else []
     if span.line == span.end_line and 1 <= span.line <= len(lines):
         quoted = lines[span.line - 1][span.column - 1:span.end_column - 1].strip()
         if quoted:
-            return f"the pattern matched, but the condition `{quoted}` is false"
-    return "the pattern matched, but this condition is false"
+            return f"`{quoted}`"
+    return ""
 
 
 def run_explain(model: Any, rule_set: RuleSet, *, rule: Optional[str] = None, example_inputs=None, tracer=None,
@@ -439,6 +464,11 @@ def run_explain(model: Any, rule_set: RuleSet, *, rule: Optional[str] = None, ex
                                        code=result.code))
                 continue
             failed = session.conditions(result)
+            if isinstance(failed, Refusal):
+                misses.append(NearMiss(program.name, str(program.rule.span), node.name,
+                                       f"the pattern matched, but the rewrite is refused: {failed.message}", 1 << 21,
+                                       trace, code=failed.code))
+                continue
             if failed is not None:
                 misses.append(NearMiss(program.name, str(failed.span), node.name,
                                        _condition_false(rule_set, failed.span), 1 << 20, trace,

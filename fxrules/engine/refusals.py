@@ -28,6 +28,8 @@ from enum import StrEnum
 class RefusalCode(StrEnum):
     """Why a match that passed its pattern and conditions is not rewritten."""
 
+    CONDITION_RAISED = "condition-raised"
+    """A ``where`` condition raised on this match's values (``$s * 1.0`` on tensor metadata): it does not hold."""
     INTERIOR_USED_OUTSIDE = "interior-used-outside"
     """A matched node that is not a root has a user outside the match."""
     DROPS_SIDE_EFFECT = "drops-side-effect"

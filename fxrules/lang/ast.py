@@ -300,7 +300,20 @@ class CBinary:
     span: Span = _span()
 
 
-Cond = Union[CCapture, CName, CLiteral, CAttr, CIndex, CCall, CList, CUnary, CBinary]
+@dataclass(frozen=True, slots=True)
+class CGenerator:
+    """``ELEMENT for VAR in ITERABLE [if FILTER]``: the only argument of a call (``all(d > 0 for d in $dims)``).
+    ``VAR`` names each item in ``element`` and ``filter`` (as a name bound with ``as`` would); what it
+    iterates is bounded (fxrules.engine.conditions: every item counted against one budget)."""
+
+    element: "Cond"
+    var: str
+    iterable: "Cond"
+    filter: Optional["Cond"] = None
+    span: Span = _span()
+
+
+Cond = Union[CCapture, CName, CLiteral, CAttr, CIndex, CCall, CList, CUnary, CBinary, CGenerator]
 
 
 def bound_names(exprs) -> frozenset:

@@ -57,6 +57,8 @@ CODES: dict[str, str] = {
     "bad-pattern": "a construct that cannot be matched (e.g. a builder in a pattern, a literal root)",
     "bad-replacement": "a construct that cannot be built (e.g. `_` or alternation in a replacement)",
     "alternation-binding": "the options of an alternation bind different captures or names",
+    "bad-condition": "a condition that raises for every value its types allow (`$x.dtype * 2`, `$x.shape * 1.0`), or a "
+                     "`range` with other than 1 to 3 arguments or a zero step",
     # what a replacement or example introduces (SECURITY.md: bounded evaluation)
     "allocation-budget": "literal sizes (a factory's shape, a size, repeat or view argument, an arange count) ask for "
                          "more elements than fxrules' budget",

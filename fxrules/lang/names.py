@@ -38,9 +38,26 @@ PREDICATE_NAMES = frozenset({"is_zero", "is_one", "is_constant", "is_scalar", "i
 
 CONDITION_FUNCTIONS: Mapping[str, Any] = {
     name: getattr(builtins, name)
-    for name in ("len", "abs", "min", "max", "all", "any", "int", "float", "bool", "round", "tuple", "sum")
+    for name in ("len", "abs", "min", "max", "all", "any", "int", "float", "bool", "round", "tuple", "sum", "range")
 }
 """Pure builtins conditions may call by bare name, e.g. ``len($x.shape) == 2``."""
+
+GENERATOR_FUNCTIONS = frozenset({"all", "any", "sum", "min", "max", "tuple"})
+"""The builtins a generator may be passed to: ``all(d > 0 for d in $dims)``."""
+
+MAX_CONDITION_ITEMS = 1 << 16
+"""The most items a condition's sequence, ``range`` or generators may have or visit (every
+generator of one evaluation counted together: nesting multiplies). The checker refuses a literal
+``range`` over it; the engine refuses the rest when evaluating (fxrules.engine.conditions)."""
+
+MAX_GENERATOR_DEPTH = 2
+"""Generators nest at most this deep (``all(any(... for j in ...) for i in ...)``): a check-time
+bound beside the engine's count of items, so a condition's cost is visible in its text."""
+
+BINDING_PREDICATES = frozenset({"is_literal"})
+"""Predicates about what a capture is bound to rather than its value: ``is_literal($k)`` holds when
+``$k`` matched a literal argument (a number, string, bool, None, dtype, ..., or a list or tuple of
+them), not a graph node. Implemented in :mod:`fxrules.engine.conditions`."""
 
 USER_FUNCTIONS = frozenset({"users", "user_targets", "used_only_by"})
 """Condition functions over a matched node's users (its first argument: a capture or an ``as`` name

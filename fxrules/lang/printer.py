@@ -409,6 +409,10 @@ def _expand_cond(node: object, minimum: int) -> list:
             return [(func, _POSTFIX), "(", *_joined(args, 0), ")"]
         case A.CList(items=items):
             return ["[", *_joined(items, 0), "]"]
+        case A.CGenerator(element=element, var=var, iterable=iterable, filter=None):
+            return [(element, 0), f" for {var} in ", (iterable, _OR)]
+        case A.CGenerator(element=element, var=var, iterable=iterable, filter=condition):
+            return [(element, 0), f" for {var} in ", (iterable, _OR), " if ", (condition, _OR)]
         case A.CCapture(name=name):
             return ["$" + name]
         case A.CName(name=name):

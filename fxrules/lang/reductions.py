@@ -482,6 +482,11 @@ class Reductions:
     def r_c_call(self, ch: list) -> A.CCall:  # postfix LPAR (cond (COMMA cond)* COMMA?)? RPAR
         return A.CCall(ch[0], tuple(ch[2:-1:2]), self._span(ch[0], ch[-1]))
 
+    def r_c_generator_call(self, ch: list) -> A.CCall:  # postfix LPAR cond FOR NAME IN or_cond (IF or_cond)? RPAR
+        condition = ch[8] if len(ch) == 10 else None
+        generator = A.CGenerator(ch[2], ch[4].group(), ch[6], condition, self._span(ch[2], ch[-2]))
+        return A.CCall(ch[0], (generator,), self._span(ch[0], ch[-1]))
+
     def r_c_capture(self, ch: list) -> A.CCapture:  # CAPTURE
         return A.CCapture(ch[0].group()[1:], self._token_span(ch[0]))
 

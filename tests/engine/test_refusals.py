@@ -158,6 +158,9 @@ REFUSALS = {
     RefusalCode.INTERIOR_USED_OUTSIDE: (
         RELU_RELU, SharedInterior, ("relu", "add"),
         "interior node %relu is also used by %add, outside the match; rewriting would duplicate or break it"),
+    RefusalCode.CONDITION_RAISED: (
+        "rule r: call_function operator.mul($x, $k) where $k[0] == 2 -> call_function torch.mul($x, $k)", ReluOfMul,
+        ("mul",), "the condition `$k[0] == 2` raised TypeError: 'int' object is not subscriptable"),
     RefusalCode.DROPS_SIDE_EFFECT: (
         "rule r: call_function builtins.print($x) -> $x", Prints, ("print_1",),
         "removing the match would drop a side effect: %print_1 calls print, which has a side effect"),

@@ -201,6 +201,12 @@ def test_expression_text(source: str, expected: str | None) -> None:
         ("[a, [b]][0][0]", "[a, [b]][0][0]"),
         ("(not a)", "not a"),
         ("f(not a, b or c)[x and y]", "f(not a, b or c)[x and y]"),
+        # generators (issue 19): the only argument of a call
+        ("all(d > 0 for d in $x.shape)", "all(d > 0 for d in $x.shape)"),
+        ("any((a or b) for v in (c or d) if (e and f))", "any(a or b for v in c or d if e and f)"),
+        ("sum(v for v in a in b if not v)", "sum(v for v in a in b if not v)"),
+        ("all(all(i < j for i in range(j)) for j in $xs)", "all(all(i < j for i in range(j)) for j in $xs)"),
+        ("f(for for if in in_ if if_)", "f(for for if in in_ if if_)"),  # keywords only where the grammar takes them
     ],
 )
 def test_condition_text(source: str, expected: str) -> None:
@@ -445,6 +451,7 @@ conds = st.recursive(
         st.builds(A.CIndex, c, c),
         st.builds(A.CCall, c, tuple_of(c, max_size=3)),
         tuple_of(c, max_size=3).map(A.CList),
+        st.builds(lambda func, *parts: A.CCall(func, (A.CGenerator(*parts),)), c, c, names, c, st.none() | c),
     ),
     max_leaves=10,
 )

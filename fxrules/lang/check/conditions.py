@@ -15,7 +15,9 @@ from fxrules.lang.check.reporter import Reporter, did_you_mean
 from fxrules.lang.check.scope import Bindings, report_unbound_capture
 from fxrules.lang import allowlist
 from fxrules.lang.check.targets import NEVER_CREATED, Targets
-from fxrules.lang.names import CONDITION_FUNCTIONS, PREDICATE_NAMES, USER_FUNCTIONS, expand
+from fxrules.lang.check.condition_types import report_type_errors
+from fxrules.lang.names import (BINDING_PREDICATES, CONDITION_FUNCTIONS, GENERATOR_FUNCTIONS, MAX_CONDITION_ITEMS,
+                                MAX_GENERATOR_DEPTH, PREDICATE_NAMES, USER_FUNCTIONS, expand)
 
 CONDITION_FUNCTION_NAMES = frozenset(CONDITION_FUNCTIONS)
 """The pure builtins a condition may call by bare name."""
@@ -32,7 +34,10 @@ def check_conditions(reporter: Reporter, targets: Targets, bindings: Bindings, c
         return
     walk = _ConditionWalk(reporter, targets, bindings)
     for cond in conditions:
+        before = reporter.errors
         walk.condition(cond)
+        if reporter.errors == before:  # types are judged only on a condition whose names all check
+            report_type_errors(reporter, cond)
 
 
 @dataclass(slots=True)  # a worker, made for each rule: a frozen dataclass costs three times as much to make
@@ -40,14 +45,17 @@ class _ConditionWalk:
     reporter: Reporter
     targets: Targets
     bindings: Bindings
+    loop_names: tuple[str, ...] = ()  # the names of the generators around the part being checked, outermost first
 
     def condition(self, cond: A.Cond) -> None:
         if isinstance(cond, A.CCapture):
             if cond.name not in self.bindings.captures:
                 report_unbound_capture(self.reporter, cond.name, cond.span, self.bindings, "the condition")
         elif isinstance(cond, A.CName):
-            if cond.name not in self.bindings.names:
+            if cond.name not in self.bindings.names and cond.name not in self.loop_names:
                 self.unknown_name(cond)
+        elif isinstance(cond, A.CGenerator):  # only as a call's argument (the grammar): call() checks it
+            self.generator(cond)
         elif isinstance(cond, A.CLiteral):
             pass
         elif isinstance(cond, A.CAttr):
@@ -73,6 +81,12 @@ class _ConditionWalk:
                                 f"a condition may not read the dunder attribute `{cond.attr}`")
             return
         chain = A.name_chain(cond)
+        if chain is not None and chain[0] in self.loop_names:  # a generator's item: a value, as a capture is
+            if len(chain) > 2 or cond.attr not in CAPTURE_ATTRIBUTES:
+                self.reporter.error(cond.span, "unknown-attribute",
+                                    f"`{chain[0]}` is an item of a sequence; it has no attribute `{chain[1]}`",
+                                    notes=[f"an item exposes tensor metadata: {', '.join(sorted(CAPTURE_ATTRIBUTES))}"])
+            return
         if chain is not None and chain[0] not in self.bindings.names:
             if self.targets.aliases.is_module_head(chain[0]):
                 self.constant(A.Dotted(chain, cond.span))
@@ -125,6 +139,52 @@ class _ConditionWalk:
         self.reporter.error(cond.span, "unknown-name",
                             f"the condition uses `{cond.name}`, which is not bound or known", notes=notes)
 
+    def generator(self, cond: A.CGenerator) -> None:
+        """``ELEMENT for VAR in ITERABLE [if FILTER]``: the iterable is read where the generator is; the
+        element and the filter see ``VAR`` too. ``VAR`` is a new name (not an ``as`` name, an outer
+        generator's, a function's or an alias: ``duplicate-binding``), and generators nest at most
+        :data:`MAX_GENERATOR_DEPTH` deep (``too-large``)."""
+        self.condition(cond.iterable)
+        taken = (cond.var in self.bindings.names or cond.var in self.loop_names or cond.var in PREDICATE_NAMES
+                 or cond.var in CONDITION_FUNCTIONS or cond.var in USER_FUNCTIONS or cond.var in BINDING_PREDICATES
+                 or self.targets.aliases.is_module_head(cond.var))
+        if taken:
+            self.reporter.error(cond.span, "duplicate-binding",
+                                f"the generator's name `{cond.var}` is already a name here; choose another")
+            return
+        if len(self.loop_names) >= MAX_GENERATOR_DEPTH:
+            self.reporter.error(cond.span, "too-large",
+                                f"generators nest at most {MAX_GENERATOR_DEPTH} deep in a condition",
+                                notes=[f"a condition visits at most {MAX_CONDITION_ITEMS} items in all"])
+            return
+        inner = _ConditionWalk(self.reporter, self.targets, self.bindings, self.loop_names + (cond.var,))
+        inner.condition(cond.element)
+        if cond.filter is not None:
+            inner.condition(cond.filter)
+
+    def range_call(self, cond: A.CCall) -> None:
+        """``range(stop)``, ``range(start, stop[, step])``: at most :data:`MAX_CONDITION_ITEMS` items,
+        decided here when the bounds are literals (and by the engine when they are not)."""
+        if not 1 <= len(cond.args) <= 3:
+            self.reporter.error(cond.span, "bad-condition", f"`range` takes 1 to 3 integers, not {len(cond.args)}")
+            return
+        bounds = [_int_literal(arg) for arg in cond.args]
+        if any(b is None for b in bounds):
+            return
+        if len(cond.args) == 3 and bounds[2] == 0:
+            self.reporter.error(cond.span, "bad-condition", "`range`'s step may not be 0")
+        elif len(range(*bounds)) > MAX_CONDITION_ITEMS:
+            self.reporter.error(cond.span, "too-large",
+                                f"`range` in a condition has at most {MAX_CONDITION_ITEMS} items, not "
+                                f"{len(range(*bounds))}")
+
+    def binding_predicate(self, cond: A.CCall) -> None:
+        """``is_literal($k)``: about what one capture is bound to (a name bound with ``as`` is always a node)."""
+        if len(cond.args) != 1 or not isinstance(cond.args[0], A.CCapture):
+            name = cond.func.name
+            self.reporter.error(cond.span, "unknown-predicate", f"`{name}` takes one capture",
+                                notes=[f"write `{name}($k)`"])
+
     def user_function(self, cond: A.CCall) -> None:
         """``users($x)``, ``user_targets(name)``, ``used_only_by($x, T, ...)``: about a matched node, so
         the first argument is a capture or an ``as`` name; ``used_only_by`` needs at least one target."""
@@ -144,11 +204,24 @@ class _ConditionWalk:
         for arg in cond.args:
             self.condition(arg)
         func = cond.func
+        if cond.args and isinstance(cond.args[0], A.CGenerator) and not (
+                isinstance(func, A.CName) and func.name in GENERATOR_FUNCTIONS):
+            self.reporter.error(cond.args[0].span, "unknown-predicate",
+                                "only all, any, sum, min, max and tuple take a generator",
+                                notes=[f"write `{'any' if not isinstance(func, A.CName) else func.name}(...)` "
+                                       f"around a list instead, or use one of them"])
+            return
         if isinstance(func, A.CName):
+            if func.name == "range":
+                self.range_call(cond)
+                return
             if func.name in PREDICATE_NAMES or func.name in CONDITION_FUNCTIONS:
                 return
             if func.name in USER_FUNCTIONS:
                 self.user_function(cond)
+                return
+            if func.name in BINDING_PREDICATES:
+                self.binding_predicate(cond)
                 return
             self.reporter.error(func.span, "unknown-predicate", f"`{func.name}` is not a built-in predicate",
                                 notes=[f"built-in predicates: {', '.join(sorted(PREDICATE_NAMES))}",
@@ -187,6 +260,16 @@ def check_called_path(reporter: Reporter, targets: Targets, span: A.Span, path: 
         return
     elif resolution.ok and not callable(resolution.value):
         reporter.error(span, "unknown-predicate", f"`{path}` is not callable")
+
+
+def _int_literal(cond: A.Cond):
+    """The int a literal (or a negated one) stands for, or None for anything else."""
+    if isinstance(cond, A.CUnary) and cond.op == "-":
+        inner = _int_literal(cond.operand)
+        return None if inner is None else -inner
+    if isinstance(cond, A.CLiteral) and isinstance(cond.value, int) and not isinstance(cond.value, bool):
+        return cond.value
+    return None
 
 
 def _rooted_at_name(cond: A.Cond) -> bool:
