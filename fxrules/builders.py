@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
+from torch.ao.nn import intrinsic as nni
 from torch.nn.utils import parametrize
 from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 
@@ -46,7 +47,8 @@ from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
 from fxrules.engine import fxaccess
 from fxrules.engine.errors import BuilderError
 
-__all__ = ["BUILDERS", "BuilderError", "fold_conv_bn", "fold_conv_bn_tensors", "fold_linear_bn"]
+__all__ = ["BUILDERS", "BuilderError", "fold_conv_bn", "fold_conv_bn_tensors", "fold_linear_bn", "fuse_bn_relu",
+           "fuse_conv_bn_relu", "fuse_conv_relu", "fuse_linear_relu"]
 
 
 # Spatial dimensionality of each supported conv and batch-norm class. Subclasses
@@ -374,9 +376,83 @@ def fold_conv_bn_tensors(
 
 
 #: The public builders by name, as rule files may refer to them.
+# -- torch.ao.nn.intrinsic fused modules (what torch.ao.quantization.fuse_modules makes for inference) --
+
+_CONV_RELU = {nn.Conv1d: nni.ConvReLU1d, nn.Conv2d: nni.ConvReLU2d, nn.Conv3d: nni.ConvReLU3d}
+_BN_RELU = {nn.BatchNorm2d: nni.BNReLU2d, nn.BatchNorm3d: nni.BNReLU3d}
+
+
+def _exact_class(module: nn.Module, table: dict, builder: str, expected: str) -> type:
+    """The fused class for ``module``'s class. torch.ao's fused modules take their parts' exact classes
+    (no subclass: a subclass may compute otherwise), as ``fuse_modules`` does."""
+    fused = table.get(type(module))
+    if fused is None:
+        raise BuilderError(f"{builder} expects {expected} (the class itself, not a subclass), got {_type_name(module)}")
+    return fused
+
+
+def _own_copy(module: nn.Module, role: str) -> nn.Module:
+    """A deep copy sharing no parameter or buffer with ``module`` (the builder contract), in eval mode."""
+    _check_plain(module, role)
+    try:
+        return copy.deepcopy(module).eval()
+    except Exception as error:  # an attribute that cannot be copied
+        raise BuilderError(f"cannot fuse: the {_type_name(module)} cannot be deep-copied ({error})") from error
+
+
+def fuse_conv_relu(conv: nn.Module) -> nn.Module:
+    """``torch.ao.nn.intrinsic.ConvReLU1d/2d/3d`` computing ``relu(conv(x))``: a copy of ``conv`` (an
+    ``nn.Conv1d``/``2d``/``3d``, the class itself) followed by a new ``nn.ReLU()``, as
+    ``torch.ao.quantization.fuse_modules`` fuses a conv and a relu. The fused module runs the
+    same two operations in the same order, so its outputs are bit-identical.
+
+    Raises :class:`BuilderError` for another class, or a conv that is lazy and uninitialised,
+    parametrized or hooked."""
+    fused = _exact_class(conv, _CONV_RELU, "fuse_conv_relu", "a Conv1d, Conv2d or Conv3d")
+    return fused(_own_copy(conv, "convolution"), nn.ReLU()).eval()
+
+
+def fuse_conv_bn_relu(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """``torch.ao.nn.intrinsic.ConvReLU1d/2d/3d`` computing ``relu(bn(conv(x)))`` for an eval-mode batch
+    norm: the conv with the batch norm folded in (:func:`fold_conv_bn`, torch's arithmetic), then a
+    new ``nn.ReLU()``: what ``fuse_modules`` makes of conv, bn, relu for inference. Equal within
+    rounding (the fold's).
+
+    Raises :class:`BuilderError` as :func:`fold_conv_bn` does, and for a conv whose class is not
+    exactly ``nn.Conv1d``/``2d``/``3d`` (transposed convs have no fused relu module)."""
+    fused = _exact_class(conv, _CONV_RELU, "fuse_conv_bn_relu", "a Conv1d, Conv2d or Conv3d")
+    return fused(fold_conv_bn(conv, bn), nn.ReLU()).eval()
+
+
+def fuse_linear_relu(linear: nn.Module) -> nn.Module:
+    """``torch.ao.nn.intrinsic.LinearReLU`` computing ``relu(linear(x))``: a copy of ``linear`` (an
+    ``nn.Linear``, the class itself) and a new ``nn.ReLU()``. Bit-identical outputs.
+
+    Raises :class:`BuilderError` as :func:`fuse_conv_relu` does."""
+    _exact_class(linear, {nn.Linear: nni.LinearReLU}, "fuse_linear_relu", "an nn.Linear")
+    return nni.LinearReLU(_own_copy(linear, "linear"), nn.ReLU()).eval()
+
+
+def fuse_bn_relu(bn: nn.Module) -> nn.Module:
+    """``torch.ao.nn.intrinsic.BNReLU2d/3d`` computing ``relu(bn(x))`` for an eval-mode ``nn.BatchNorm2d``
+    or ``3d`` (the class itself) with running statistics: a copy of it and a new ``nn.ReLU()``.
+    Bit-identical outputs. A batch norm in training mode is refused: it normalises with the
+    batch's statistics and updates its running ones, which the copy would update instead.
+
+    Raises :class:`BuilderError` for another class, training mode, no running statistics, or a
+    batch norm that is lazy and uninitialised, parametrized or hooked."""
+    fused = _exact_class(bn, _BN_RELU, "fuse_bn_relu", "a BatchNorm2d or BatchNorm3d")
+    _check_bn(bn)
+    return fused(_own_copy(bn, "batch norm"), nn.ReLU()).eval()
+
+
 BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "fold_conv_bn": fold_conv_bn,
     "fold_linear_bn": fold_linear_bn,
+    "fuse_conv_relu": fuse_conv_relu,
+    "fuse_conv_bn_relu": fuse_conv_bn_relu,
+    "fuse_linear_relu": fuse_linear_relu,
+    "fuse_bn_relu": fuse_bn_relu,
 }
 
 

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.ao.nn import intrinsic as nni
 
 from fxrules.engine import fxaccess
 
@@ -167,6 +168,15 @@ RUNNING_STATS_MODULES = (fxaccess.NORM_WITH_STATISTICS,)
 COPY_FUNCTIONS = frozenset({torch.clone, torch.Tensor.clone})
 """call_function targets whose result is a fresh copy by contract (``clone``): the program asked for it."""
 
+FUSED_MODULES = (nni.ConvReLU1d, nni.ConvReLU2d, nni.ConvReLU3d, nni.LinearReLU, nni.BNReLU2d, nni.BNReLU3d)
+"""torch.ao.nn.intrinsic's fused modules that fxrules.builders makes (``fuse_conv_relu``, ...): containers
+(``nn.Sequential``) whose constructors take only their parts' exact torch.nn classes and run them in
+order: a conv, linear or batch norm, then a ReLU. They compute as those parts (a fresh result, no
+effect but a train-mode batch norm's statistics: :func:`module_updates_statistics`), so they are
+known, unlike other containers, which run whatever children they are given."""
+
+_FUSED_NORMS = (nni.BNReLU2d, nni.BNReLU3d)
+
 _KNOWN_MODULE_PREFIXES = ("torch.nn.modules.", "torch.ao.nn.", "torch.nn.intrinsic.", "torch.nn.qat.",
                           "torch.nn.quantized.")
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
@@ -204,6 +214,8 @@ def module_class_is_known(cls: type, computes_as: Callable[[type, type], bool]) 
     """Whether modules of class ``cls`` compute as a torch.nn class: a torch.nn class itself (not a
     container, whose calls run its children), or a subclass of one that ``computes_as`` it."""
     for base in cls.__mro__:
+        if base in FUSED_MODULES:
+            return base is cls or computes_as(cls, base)
         module = getattr(base, "__module__", "") or ""
         if module.startswith(_KNOWN_MODULE_PREFIXES) and base is not nn.Module:
             if issubclass(base, _CONTAINERS):
@@ -220,7 +232,10 @@ def module_draws_random(module: nn.Module) -> bool:
 
 
 def module_updates_statistics(module: nn.Module) -> bool:
-    """A norm module in training mode that tracks running statistics: calling it writes its buffers."""
+    """A norm module in training mode that tracks running statistics: calling it writes its buffers (a
+    fused batch norm and ReLU: its batch norm's)."""
+    if isinstance(module, _FUSED_NORMS) and len(module) > 0:
+        module = module[0]
     return isinstance(module, RUNNING_STATS_MODULES) and module.training and \
         bool(getattr(module, "track_running_stats", False))
 

@@ -343,7 +343,7 @@ class Effects:
         if fxaccess.hooked_kinds(module) or not self.module_is_known(module):
             return frozenset(aliasing.storage_key(t) for t in fxaccess.tensors(module))
         if aliasing.module_updates_statistics(module):
-            return frozenset(aliasing.storage_key(t) for t in fxaccess.own_buffers(module).values())
+            return frozenset(aliasing.storage_key(t) for t in module.buffers())  # a fused norm's too
         return frozenset()
 
     def is_unknown_call(self, node: fx.Node) -> bool:

@@ -1543,6 +1543,10 @@ BUILDERS = frozenset({
     'fxrules.builders.fold_aten_conv_bn',
     'fxrules.builders.fold_conv_bn',
     'fxrules.builders.fold_linear_bn',
+    'fxrules.builders.fuse_bn_relu',
+    'fxrules.builders.fuse_conv_bn_relu',
+    'fxrules.builders.fuse_conv_relu',
+    'fxrules.builders.fuse_linear_relu',
 })
 
 MODULE_TYPES = frozenset({
