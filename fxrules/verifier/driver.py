@@ -483,11 +483,17 @@ def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optiona
     """The original model in float64, for ``approx`` on low-precision dtypes; None when it cannot run so."""
     if not _low_precision(module, inputs):
         return None
+    default = torch.get_default_dtype()
     try:
+        # float64 by default too: a host that makes floats from integers (`int64 + 0.25`) must make
+        # float64 ones here, or the float64 model cannot run (and the reference was silently missing)
+        torch.set_default_dtype(torch.float64)
         double = copy.deepcopy(module).double()
         return _run(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed)
     except Exception:
         return None
+    finally:
+        torch.set_default_dtype(default)
 
 
 @dataclass(frozen=True)
