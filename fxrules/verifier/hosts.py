@@ -28,6 +28,8 @@ from hypothesis import strategies as st
 from torch import fx, nn
 
 from fxrules.engine import fxaccess
+from fxrules.verifier import variadic_hosts
+from fxrules.verifier.variadic_hosts import drawn_arguments
 from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, PRef, PSeq, PVariadic,
                                    PWildcard)
 from fxrules.verifier.samplers import TENSOR_KINDS, Catalogue, OpSampler, Param, describe_target
@@ -63,7 +65,7 @@ def missing_samplers(roots: tuple, catalogue: Catalogue) -> list[str]:
                 found = catalogue.function(target) is not None
             if not found:  # functions by their name as written (an alias reads as the user wrote it)
                 missing.append(p.label if p.op == "call_function" else describe_target(p.op, target))
-            for arg in p.args or ():
+            for arg in drawn_arguments(p, catalogue):
                 visit(arg)
             for _, value in p.kwargs:
                 visit(value)
@@ -354,10 +356,13 @@ class HostGraphWriter:
 
     def sequence(self, items: list, param: Param, ctx: dict) -> list:
         """A dims/permutation/shape argument written item by item (``permute($x, $a, $b)``): the
-        whole value is drawn by its kind and its open items take their part of it."""
+        whole value is drawn by its kind and its open items take their part of it; a variadic
+        capture last (``permute($x, *$dims)``) takes the rest (:func:`fxrules.verifier.variadic_hosts.rest_of`)."""
         def is_open(item: Any) -> bool:
             return isinstance(item, PWildcard) or (isinstance(item, PCapture) and item.name not in self.captures)
 
+        if items and isinstance(items[-1], PVariadic):
+            return variadic_hosts.rest_of(self, items, param, ctx)
         full = None
         if param.kind in _SEQUENCE_KINDS and any(is_open(i) for i in items):
             full = self.free(param, ctx, None)
