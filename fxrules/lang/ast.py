@@ -332,6 +332,8 @@ def bound_names(exprs) -> frozenset:
             stack.extend(k.value for k in expr.kwargs)
         elif isinstance(expr, (ListExpr, TupleExpr)):
             stack.extend(expr.items)
+        elif isinstance(expr, PatternUse):  # a use binds what its arguments bind
+            stack.extend(expr.args)
     return frozenset(names)
 
 

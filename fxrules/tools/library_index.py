@@ -33,7 +33,9 @@ FAMILIES: dict[str, str] = {
             "pruning). Leave them out with `RuleSet.select(contracts=[\"exact\", \"approx\"])`.",
     "aten": "The cleanup rules at the aten level, for `torch.export` programs.",
     "fuse": "Collapse no-ops the other families lack (casts to the same dtype, reshapes and views to the same "
-            "shape, a transpose of a dimension with itself). The attention (SDPA) fusions are incubating "
+            "shape, a transpose of a dimension with itself, an identity permutation of any rank), and fuse "
+            "conv/linear/batch norm + ReLU into torch.ao.nn.intrinsic modules for inference, as "
+            "torch.ao.quantization.fuse_modules does. The attention (SDPA) fusions are incubating "
             "(`incubating/attention.fxr` in the repository) until the verifier validates them.",
 }
 

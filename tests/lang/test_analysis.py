@@ -436,3 +436,16 @@ rule is_half "c: float16 is what the first excludes":
 """, "b.fxr")
     found = [(str(f.code), f.rule.name) for f in static_findings(first + second)]
     assert found == [("shadowed", "is_float32")]
+
+
+def test_a_name_bound_inside_a_named_pattern_use_is_a_bound_name():
+    """`relu(call_module BatchNorm2d(...) as bn)`: `bn` is bound (inside the use's argument), so
+    `not bn.training` reads the module, not a dotted constant (it was read as always false)."""
+    rules = fxrules.parse_rules(
+        "pattern relu($v) = call_module ReLU($v) | call_function torch.relu($v)\n"
+        "rule r [approx]:\n"
+        "    relu(call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn)\n"
+        "    where not bn.training\n"
+        "    -> call_module fxrules.builders.fuse_conv_bn_relu(conv, bn)($x)\n", source="use.fxr")
+    assert static_findings(rules) == ()
+    assert fxrules.lang.ast.bound_names(rules["r"].ast.patterns) == {"conv", "bn"}
