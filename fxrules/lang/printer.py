@@ -148,8 +148,8 @@ def print_pattern_def(definition: A.PatternDef) -> str:
     when longer than :data:`WIDTH` (an alternation prints in parentheses, so it may wrap)."""
     head = f"pattern {definition.name}({', '.join('$' + p for p in definition.params)}) = "
     body = print_expr(definition.body)
-    if len(head) + len(body) > WIDTH:
-        body = print_expr_wrapped(definition.body, "")
+    if len(head) + len(body) > WIDTH:  # continuation lines under the body's first character
+        body = print_expr_wrapped(definition.body, " " * len(head))
     return head + body
 
 
