@@ -4,7 +4,9 @@ rewrite forever.
 Two expressions are the same once names are expanded (``F.relu`` is
 ``torch.nn.functional.relu``, ``Conv2d`` is ``torch.nn.Conv2d``), ``as`` is dropped and keyword
 arguments are put in order. A bare replacement call (``call_module M``) forwards the arguments
-of the pattern root it replaces, so it is compared with them filled in.
+of the pattern root it replaces, so it is compared with them filled in. A commutative call
+(fxrules.lang.commutative) with its two operands exchanged is the same call: the engine would
+match the replacement in the other order.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Optional
 
 import fxrules.lang.ast as A
 from fxrules.lang.check.scope import Aliases, unwrap
+from fxrules.lang.commutative import commutation
 
 
 def is_identity(patterns: tuple[A.Expr, ...], replacements: tuple[A.Expr, ...], aliases: Aliases) -> bool:
@@ -33,7 +36,8 @@ def same(a: A.Expr, b: A.Expr, aliases: Aliases) -> bool:
         return False
     if kind is A.Call:
         return (a.op == b.op and call_target(a, aliases) == call_target(b, aliases)
-                and _same_items(a.args, b.args, aliases) and _same_keywords(a.kwargs, b.kwargs, aliases)
+                and (_same_items(a.args, b.args, aliases) or _same_commuted(a, b, aliases))
+                and _same_keywords(a.kwargs, b.kwargs, aliases)
                 and _same_keywords(a.attrs, b.attrs, aliases)
                 and _same_items(a.builder_args, b.builder_args, aliases))
     if kind is A.ListExpr or kind is A.TupleExpr:
@@ -44,6 +48,23 @@ def same(a: A.Expr, b: A.Expr, aliases: Aliases) -> bool:
         return (len(a.dotted.parts) > 1 and len(b.dotted.parts) > 1
                 and aliases.full_path(a.dotted) == aliases.full_path(b.dotted))
     return a == b  # as written (spans aside)
+
+
+def _same_commuted(a: A.Call, b: A.Call, aliases: Aliases) -> bool:
+    """The same call with its two operands exchanged, where the engine matches either order
+    (fxrules.lang.commutative): the pattern would match its own replacement. For ``x + y`` and
+    ``x * y`` only with a literal number operand (the engine swaps those only for a known number
+    or tensor, and a rule file cannot say which nodes are tensors)."""
+    commutes = commutation(a.op, call_target(a, aliases))
+    if commutes is None or a.args is None or b.args is None or len(a.args) != 2 or len(b.args) != 2:
+        return False
+    if commutes.numeric and not any(isinstance(x, A.Literal) and _is_number(x.value) for x in a.args):
+        return False
+    return same(a.args[0], b.args[1], aliases) and same(a.args[1], b.args[0], aliases)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def call_target(call: A.Call, aliases: Aliases) -> str:
