@@ -205,3 +205,42 @@ def test_metadata_missing_is_still_an_error_naming_the_rule():
     with pytest.raises(fxrules.RewriteError, match="example_inputs"):
         fxrules.apply_rules(graph_module, rules(
             "rule r [changes]: call_function torch.relu($x) where $x.ndim == 1 -> call_function torch.sigmoid($x)"))
+
+
+# ---------------------------------------------------------------------------
+# The library's permute rules (fuse/permute.fxr): variadic captures, generators, computed values
+# ---------------------------------------------------------------------------
+
+PERMUTE = fxrules.load_rules(fxrules.LIBRARY / "fuse" / "permute.fxr")
+
+
+class PermuteChains(nn.Module):
+    def forward(self, x):
+        a = x.permute(0, 2, 1, 3).permute(0, 2, 1, 3)  # undoes itself: x
+        b = x.permute(3, 1, 2, 0).permute(1, 2, 0, 3)  # one permute
+        return a + 1, b * 2
+
+
+def test_permute_chains_of_any_rank_become_one_permute_or_none():
+    x = torch.randn(2, 3, 4, 5)
+    model = PermuteChains()
+    result = fxrules.apply_rules(model, PERMUTE, example_inputs=(x,))
+    assert result.counts == {"permute_compose": 2, "permute_identity": 1}
+    permutes = [n for n in result.module.graph.nodes if n.target == "permute"]
+    assert [tuple(n.args[1]) for n in permutes] == [(1, 2, 3, 0)]
+    for got, want in zip(result.module(x), model(x)):
+        assert torch.equal(got, want)
+
+
+class ComputedDims(nn.Module):
+    def forward(self, x):
+        last = x.dim() - 1
+        return x.permute(0, last) + 1
+
+
+def test_a_dim_the_graph_computes_is_not_a_literal():
+    """`x.permute(0, n - 1)`: the metadata has the example's n; is_literal keeps the rule off it."""
+    gm = fx.symbolic_trace(ComputedDims())
+    x = torch.randn(2, 3)
+    assert any(isinstance(a, fx.Node) for n in gm.graph.nodes if n.target == "permute" for a in n.args[1:])
+    assert fxrules.apply_rules(gm, PERMUTE, example_inputs=(x,)).counts == {}
