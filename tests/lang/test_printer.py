@@ -408,7 +408,7 @@ def calls(values=None):
     if values is None:
         return _calls(st.none(), None, None, None)
     keywords = tuple_of(st.builds(A.Keyword, names, values), max_size=2)
-    args = tuple_of(values | st.just(A.Ellipsis_()), max_size=3)
+    args = tuple_of(values | st.just(A.Ellipsis_()) | st.builds(A.Variadic, capture_names), max_size=3)
     return _calls(st.none() | keywords, args, keywords, st.none() | tuple_of(values, max_size=2))
 
 
@@ -426,6 +426,7 @@ def extend_exprs(children):
         tuple_of(children, min_size=2, max_size=3).map(A.Alt),
         st.builds(A.Bind, children, names),
         calls(values),
+        st.builds(A.PatternUse, names, tuple_of(children, max_size=3)),  # a named pattern's use
     )
 
 
@@ -437,6 +438,7 @@ exprs = st.recursive(
         st.builds(A.Name, dotted),
         st.builds(A.GetAttr, st.one_of(st.builds(A.Capture, capture_names), st.just(A.Wildcard()), dotted)),
         calls(),
+        st.builds(A.Computed, st.builds(A.CCapture, capture_names) | cond_literals),  # `{...}`
     ),
     extend_exprs,
     max_leaves=8,
@@ -490,7 +492,8 @@ def examples(draw):
 
 
 rule_files = tuple_of(
-    st.one_of(rules(), st.builds(A.Use, dotted, names), st.builds(A.DefaultContract, contracts)),
+    st.one_of(rules(), st.builds(A.Use, dotted, names), st.builds(A.DefaultContract, contracts),
+              st.builds(A.UseFile, texts), st.builds(A.PatternDef, names, tuple_of(capture_names, max_size=3), exprs)),
     max_size=4,
 ).map(lambda items: A.RuleFile(PATH, items))
 
