@@ -74,8 +74,15 @@ class HardSwishClamp(nn.Module):
         return x * (x + 3).clamp_(0, 6) / 6
 
 
+class HardSwishCommuted(nn.Module):
+    """timm's spelling: the relu6 first, the sum `3 + x` (both commute: one rule covers them)."""
+
+    def forward(self, x):
+        return F.relu6(3 + x, inplace=True) * x / 6
+
+
 @pytest.mark.parametrize("model_class, text", [(HardSwish, HARDSWISH), (HardSwishModule, HARDSWISH_MODULE),
-                                               (HardSwishClamp, CLAMP_METHOD)])
+                                               (HardSwishClamp, CLAMP_METHOD), (HardSwishCommuted, HARDSWISH)])
 def test_an_in_place_call_on_a_private_temporary_is_rewritten(model_class, text):
     model = model_class()
     x = torch.randn(2, 8) * 4
