@@ -646,6 +646,8 @@ def _reads_metadata(cond: A.Cond) -> bool:
             stack.append(c.operand)
         elif isinstance(c, A.CBinary):
             stack.extend((c.left, c.right))
+        elif isinstance(c, A.CGenerator):
+            stack.extend((c.element, c.iterable) + ((c.filter,) if c.filter is not None else ()))
     return False
 
 

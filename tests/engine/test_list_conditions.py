@@ -244,3 +244,11 @@ def test_a_dim_the_graph_computes_is_not_a_literal():
     x = torch.randn(2, 3)
     assert any(isinstance(a, fx.Node) for n in gm.graph.nodes if n.target == "permute" for a in n.args[1:])
     assert fxrules.apply_rules(gm, PERMUTE, example_inputs=(x,)).counts == {}
+
+
+def test_a_generator_reading_metadata_makes_the_rule_need_metadata():
+    from fxrules.engine.program import compile_rules
+
+    [program] = compile_rules(rules("rule r [changes]: call_function torch.relu($x) where all(d > 1 for d in $x.shape) "
+                                    "-> call_function torch.sigmoid($x)")).programs
+    assert program.needs_metadata
