@@ -42,6 +42,7 @@ from torch import fx, nn
 
 import fxrules.lang.ast as A
 from fxrules.lang import allowlist
+from fxrules.lang.diagnostics import FxrulesError
 from fxrules.lang.names import expand
 from fxrules.engine.predicates import PREDICATES
 from fxrules.lang.names import BINDING_PREDICATES, CONDITION_FUNCTIONS, MAX_CONDITION_ITEMS, USER_FUNCTIONS
@@ -220,8 +221,8 @@ class Evaluator:
         except NotApplicable:
             return False
         except RAISED_BY_OPERATIONS as exc:
-            if exc is self._state.raised_by_function:
-                raise
+            if exc is self._state.raised_by_function or isinstance(exc, (RecursionError, FxrulesError)):
+                raise  # the caller's function, or fxrules' own error: not the condition's
             raise ConditionRaised(cond, exc) from exc
 
     def truth(self, cond: A.Cond) -> bool:
