@@ -461,7 +461,9 @@ def test_builder_error_is_a_value_error_and_an_fxrules_error() -> None:
 
 
 def test_builders_table_lists_the_public_builders() -> None:
-    assert BUILDERS == {"fold_conv_bn": fold_conv_bn, "fold_linear_bn": fold_linear_bn}
+    assert BUILDERS == {"fold_conv_bn": fold_conv_bn, "fold_linear_bn": fold_linear_bn,
+                        "fuse_conv_relu": builders.fuse_conv_relu, "fuse_conv_bn_relu": builders.fuse_conv_bn_relu,
+                        "fuse_linear_relu": builders.fuse_linear_relu, "fuse_bn_relu": builders.fuse_bn_relu}
     for name, function in BUILDERS.items():
         assert getattr(builders, name) is function
         assert function.__doc__
