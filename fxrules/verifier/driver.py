@@ -578,12 +578,16 @@ class _Broken(Exception):
         self.counterexample = counterexample
 
 
-_CONTRACT_REFUSALS = frozenset({RefusalCode.SHAPE_CHANGED, RefusalCode.DTYPE_CHANGED, RefusalCode.DEVICE_CHANGED,
-                                RefusalCode.LAYOUT_CHANGED})
-"""Guard refusals that say the rule would break its contract on this host. Not the training-mode
-ones (they depend on the host's mode, and a rule may rely on them), nor ``output-alias-introduced`` (where
-the root is the host's output an identity rule such as ``x * 1 -> x`` is refused, and applies
-everywhere else): docs/semantics.md."""
+_CONTRACT_REFUSALS = frozenset({RefusalCode.SHAPE_CHANGED, RefusalCode.DTYPE_CHANGED, RefusalCode.DEVICE_CHANGED})
+"""Guard refusals that say the rule would break its contract on this host: the engine decides them only
+with metadata, so applied without example inputs the same rule would change the value's shape, dtype or
+device. Not ``layout-changed``: the engine refuses a root a later node reads the strides of in every
+mode (with metadata where the strides differ; without, wherever it would replace it by an existing
+value: fxrules.engine.guards.layout_unknown), so the model is kept on that host and the host is a
+non-application, as a false condition is (hosts without a stride reader still check the rule's values).
+Not the training-mode ones (they depend on the host's mode, and a rule may rely on them), nor
+``output-alias-introduced`` (where the root is the host's output an identity rule such as ``x * 1 -> x``
+is refused, and applies everywhere else): docs/semantics.md."""
 
 
 def _apply_one(module: torch.nn.Module, single: RuleSet, name: str, inputs: tuple):

@@ -202,6 +202,30 @@ def test_layout_is_kept_only_where_a_later_node_reads_strides():
     assert approx.counts == {"wrong_contiguous": 1}
 
 
+def test_without_metadata_a_root_whose_strides_a_later_node_reads_is_not_replaced_by_an_existing_value():
+    """-(-x) -> x on a strided x (every other row) read by .view: the layout guard cannot compare strides without example
+    inputs, so it refuses there (the rewrite would make the view fail); with no stride reader, or with
+    example inputs showing a contiguous x, the rule applies (tests/engine/test_scale.py's long chain too)."""
+    class NegNegView(nn.Module):
+        def forward(self, x):
+            return (-(-x[::2])).view(-1)
+
+    class NegNeg(nn.Module):
+        def forward(self, x):
+            return -(-x[::2]) + 1
+
+    double_neg = rules("rule double_neg [exact]: call_function operator.neg(call_function operator.neg($x)) -> $x")
+    refused = fxrules.apply_rules(NegNegView(), double_neg)
+    assert refused.counts == {} and [r.code for r in refused.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
+    assert "cannot be compared" in refused.report.rejected[0].reason
+    x = randn(4, 3)
+    assert_close(refused.module(x), NegNegView()(x), rtol=0, atol=0)
+    assert fxrules.apply_rules(NegNeg(), double_neg).counts == {"double_neg": 1}
+    with_metadata = fxrules.apply_rules(NegNegView(), double_neg, example_inputs=(x,))
+    assert [r.code for r in with_metadata.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
+    assert "strides (6, 1)" in with_metadata.report.rejected[0].reason
+
+
 def test_output_aliasing_of_other_outputs_is_refused_and_of_inputs_allowed():
     class Copies(nn.Module):
         def forward(self, x):
