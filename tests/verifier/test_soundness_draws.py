@@ -61,7 +61,7 @@ def test_broadcasting_partners_that_expand_the_kept_operand_are_drawn():
 def test_a_non_contiguous_input_with_a_view_user_catches_a_stride_change():
     # [approx]: the engine guards no layout (only values are promised), so the drawn .view(-1) user raises
     _, example = _caught("rule r [approx]: call_method contiguous($x) where not is_constant($x) -> $x", grad=False,
-                         max_examples=80)
+                         max_examples=200)
     assert "raised" in example.problem and "view" in example.problem, example.problem
     assert any("transposed" in fact or "strided" in fact or "channels_last" in fact for fact in example.facts)
     assert "view(-1)" in example.code
@@ -297,3 +297,19 @@ def test_a_module_subclass_is_drawn_with_its_nearest_base_class_sampler():
 
     write()
     assert built and all(isinstance(m, _MyLinear) for m in built)
+
+
+def test_writes_through_views_are_drawn_and_catch_a_rule_that_ignores_them(monkeypatch):
+    """clone(x) -> x is wrong where x, or the clone, is written in place through a view afterwards. The
+    engine's alias tracking refuses it there (replaced-node-mutated, alias-mutated-later); with that
+    tracking switched off, the verifier's drawn writes through views catch the rule, shrunk."""
+    text = "rule r [exact]: call_method clone($x) -> $x"
+    (verdict,) = _verify(text, grad=False).verdicts
+    assert verdict.grade is Grade.VALIDATED, verdict.render()  # the engine refuses every host it would break
+    from fxrules.engine import planner
+
+    monkeypatch.setattr(planner, "replaced_by_value", lambda *args, **kwargs: None)
+    monkeypatch.setattr(planner, "reads_across_mutation", lambda *args, **kwargs: None)
+    _, example = _caught(text, grad=False)
+    assert any("written in place through" in fact for fact in example.facts), example.facts
+    assert any(write in example.code for write in ("add_", "mul_", "zero_")), example.code
