@@ -313,3 +313,27 @@ def test_writes_through_views_are_drawn_and_catch_a_rule_that_ignores_them(monke
     _, example = _caught(text, grad=False)
     assert any("written in place through" in fact for fact in example.facts), example.facts
     assert any(write in example.code for write in ("add_", "mul_", "zero_")), example.code
+
+
+def test_approx_reference_comparison_is_not_failed_by_a_nan_both_models_agree_on():
+    """x * sigmoid(x) -> F.silu in float16 with an inf input: both input gradients are NaN there (and so is the
+    float64 reference), and they differ by rounding elsewhere. The NaN once made the rounding budget NaN, so
+    every such host failed (canonical_silu was listed wrong for it); a NaN only one model gives still fails."""
+    import torch.nn.functional as F
+    from fxrules.verifier.driver import compare
+
+    x = torch.tensor([float("inf"), -0.9082, 0.5649, 1.2676, -1.1543], dtype=torch.float16)
+
+    def grad(f, dtype):
+        t = x.to(dtype).clone().requires_grad_(True)
+        f(t).double().sum().backward()
+        return t.grad
+
+    original, rewritten = grad(lambda t: t * torch.sigmoid(t), torch.float16), grad(F.silu, torch.float16)
+    reference = grad(lambda t: t * torch.sigmoid(t), torch.float64)
+    assert torch.isnan(original[0]) and torch.isnan(rewritten[0]) and torch.isnan(reference[0])
+    assert not torch.equal(original[1:], rewritten[1:])  # rounding differs: the reference decides
+    assert compare([original], [rewritten], "approx", [reference]).problem is None
+    broken = rewritten.clone()
+    broken[1] = float("nan")
+    assert compare([original], [broken], "approx", [reference]).problem is not None
