@@ -138,6 +138,8 @@ class HostGraphWriter:
         self.graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
         module = fx.GraphModule(self.root, self.graph, class_name="Host")
         module.training = self.training  # not train(): each submodule has its mode, a pattern's {training=...} too
+        if any("written in place through" in line for line in self.lines):
+            self.values = self.rerun(module)  # a write changed values computed before it (and their views)
         return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines, self.seed, pattern_roots)
 
     def view_write(self, outputs: list) -> list:
@@ -198,6 +200,19 @@ class HostGraphWriter:
         text = {"transpose": ".transpose(0, 1)", "select": "[0]", "view": ".view(-1)"}[view]
         when = f"before %{before.name} reads it" if before is not None else "after the pattern"
         self.lines.append(f"%{node.name} is written in place through {node.name}{text}.{write} {when}")
+
+    def rerun(self, module: fx.GraphModule) -> dict:
+        """Every node's value after a run of the finished host on copies of its inputs (what its outputs are)."""
+        by_name: dict = {}
+
+        class Recorder(fx.Interpreter):
+            def run_node(self, n: fx.Node) -> Any:
+                by_name[n.name] = result = super().run_node(n)
+                return result
+
+        # on a copy: a train-mode batch norm's statistics stay as drawn
+        self.evaluate(lambda: Recorder(copy.deepcopy(module)).run(*[fresh(t) for t in self.inputs]))
+        return {n: by_name[n.name] for n in module.graph.nodes if n.name in by_name}
 
     def view_user(self, node: fx.Node) -> fx.Node:
         """``node.view(-1)``: a user that needs ``node``'s strides (a rewrite that changes them breaks it)."""
