@@ -210,8 +210,12 @@ class HostGraphWriter:
                 by_name[n.name] = result = super().run_node(n)
                 return result
 
-        # on a copy: a train-mode batch norm's statistics stay as drawn
-        self.evaluate(lambda: Recorder(copy.deepcopy(module)).run(*[fresh(t) for t in self.inputs]))
+        # on a copy (a train-mode batch norm's statistics stay as drawn), with the generators forked
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                Recorder(copy.deepcopy(module)).run(*[fresh(t) for t in self.inputs])
+        except Exception:
+            return self.values  # the run decides (the host is discarded there if it does not run)
         return {n: by_name[n.name] for n in module.graph.nodes if n.name in by_name}
 
     def view_user(self, node: fx.Node) -> fx.Node:
