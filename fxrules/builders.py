@@ -123,6 +123,19 @@ def _check_same_device(first: nn.Module, second: nn.Module, what: str) -> None:
         raise BuilderError(f"cannot fold {what}: the modules' tensors are on different devices ({listed})")
 
 
+def _check_finite(what: str, tensors: dict) -> None:
+    """Refuse a fold whose parameters or folded results are not all finite (``tensors``: name -> tensor
+    or None). The fold multiplies the weight by ``gamma / sqrt(var + eps)`` before the convolution
+    instead of scaling its result: an infinite or NaN factor, or a product that overflows the dtype
+    (a huge batch-norm weight), makes every output of the channel inf or NaN where the original, which
+    scales after summing, is finite or another inf. A model with such parameters is left as it is."""
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise BuilderError(f"cannot fold {what}: {name} is not finite (inf or NaN, or the folded value "
+                               f"overflows {str(tensor.dtype).removeprefix('torch.')}), and the folded model "
+                               f"would not compute the same values")
+
+
 def _bn_affine(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch norm's weight and bias, or 1 and 0 when it was built with ``affine=False``.
 
@@ -207,7 +220,9 @@ def fold_conv_bn(conv: nn.Module, bn: nn.Module) -> nn.Module:
 
     Raises :class:`BuilderError` if the types are wrong, ``bn`` is in training mode or has no
     running statistics, the channel counts or dimensionalities disagree, the modules are on
-    different devices, or either module is lazy and uninitialised, parametrized, or hooked.
+    different devices, either module is lazy and uninitialised, parametrized, or hooked, or a
+    parameter, a running statistic or a folded value is not finite (the fold would then compute
+    inf or NaN where the original does not).
     """
     conv_dims = _dims_of(conv, _CONV_DIMS)
     if conv_dims is None:
@@ -241,6 +256,10 @@ def fold_conv_bn(conv: nn.Module, bn: nn.Module) -> nn.Module:
             weight, bias = fuse_conv_bn_weights(
                 conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn_weight, bn_bias, transposed
             )
+    _check_finite(f"{_type_name(bn)} into {_type_name(conv)}", {
+        "the convolution's weight": conv.weight, "the convolution's bias": conv.bias,
+        "the batch norm's weight": bn_weight, "the batch norm's bias": bn_bias, "the running mean": bn.running_mean,
+        "the running variance": bn.running_var, "the folded weight": weight, "the folded bias": bias})
     return _finish(_copy(conv), weight, bias, conv.weight.requires_grad)
 
 
@@ -308,6 +327,10 @@ def fold_linear_bn(linear: nn.Module, bn: nn.Module) -> nn.Module:
             # A one-channel bn after a bias-free linear: torch leaves a bias of shape (1,),
             # which broadcasts the same but does not fit nn.Linear's state dict. Same values.
             bias = bias.expand(linear.out_features).clone()
+    _check_finite(f"{_type_name(bn)} into {_type_name(linear)}", {
+        "the linear's weight": linear.weight, "the linear's bias": linear.bias,
+        "the batch norm's weight": bn_weight, "the batch norm's bias": bn_bias, "the running mean": bn.running_mean,
+        "the running variance": bn.running_var, "the folded weight": weight, "the folded bias": bias})
     return _finish(_copy(linear), weight, bias, linear.weight.requires_grad)
 
 
@@ -341,8 +364,8 @@ def fold_conv_bn_tensors(
     captured parameters (``rules/aten/fold.fxr``).
 
     Raises :class:`BuilderError` if an argument is not a tensor (or ``eps`` not a positive
-    number), the statistics do not have one entry per output channel, or the tensors are on
-    different devices.
+    number), the statistics do not have one entry per output channel, the tensors are on
+    different devices, or a tensor or a folded value is not finite (as :func:`fold_conv_bn`).
     """
     tensors = {"weight": weight, "running_mean": running_mean, "running_var": running_var}
     optional = {"bias": bias, "bn_weight": bn_weight, "bn_bias": bn_bias}
@@ -370,6 +393,10 @@ def fold_conv_bn_tensors(
     with torch.no_grad():
         folded_weight, folded_bias = fuse_conv_bn_weights(
             weight, bias, running_mean, running_var, float(eps), gamma, beta, transposed)
+    _check_finite("the batch norm into the convolution", {
+        "the convolution's weight": weight, "the convolution's bias": bias, "the batch norm's weight": gamma,
+        "the batch norm's bias": beta, "the running mean": running_mean, "the running variance": running_var,
+        "the folded weight": folded_weight, "the folded bias": folded_bias})
     requires_grad = weight.requires_grad
     return (nn.Parameter(folded_weight.detach().clone(), requires_grad=requires_grad),
             nn.Parameter(folded_bias.detach().clone(), requires_grad=requires_grad))

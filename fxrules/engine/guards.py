@@ -17,7 +17,9 @@ it was. The checks, in the order they run (the first refusal wins):
   replacement requires grad exactly when the root did.
 * ``layout-changed``: under ``[exact]``, where a node downstream of the root reads strides
   (``view``, ``as_strided``, ``stride()``, ``is_contiguous()``, ...), the replacement's strides
-  equal the root's (dimensions of size 1 do not count: torch ignores their strides).
+  equal the root's (dimensions of size 1 do not count: torch ignores their strides). Where the
+  strides cannot be known (no metadata, or a value the dry run could not compute) such a root is
+  not replaced: this one check also runs without metadata.
 * ``output-alias-introduced`` (the planner's code, for what its alias tables miss): whatever the contract, a graph output the rewrite changes does not come
   to share storage with a parameter, a buffer or another output unless it did before (storage
   identity of fake tensors). Inputs are not protected: returning one's input is ordinary.
@@ -31,6 +33,7 @@ copy is dropped. Either way nothing of the model, and no global random state, ch
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
@@ -39,6 +42,7 @@ from torch import fx, nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxrules.engine import fxaccess
+from fxrules.engine.aliasing import ALIASING_MODULES
 from fxrules.engine.budget import Budget, RealRunGuard, Unsized
 from fxrules.engine.matcher import Match
 from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared,
@@ -302,6 +306,8 @@ def check(work: Any, match: Match, modules: Mapping[int, nn.Module],
             return refusal
     elif keeps:
         refusal = trainable_parameters_dropped(work, match, modules)
+        if refusal is None and contract == "exact":
+            refusal = layout_unknown(work, match)
         if refusal is not None:
             return refusal
     return changes
@@ -444,6 +450,12 @@ def _layout_key(t: torch.Tensor) -> tuple:
 def layout_changed(match: Match, values: tuple) -> Optional[Refusal]:
     for index, (root, value) in enumerate(zip(match.roots, values)):
         before = root.meta.get("val")
+        if isinstance(before, torch.Tensor) != isinstance(value, torch.Tensor) \
+                and (isinstance(value, Unknown) or before is None):
+            refusal = _layout_unknown(match, index, root)  # one side's strides cannot be known
+            if refusal is not None:
+                return refusal
+            continue
         if not (isinstance(before, torch.Tensor) and isinstance(value, torch.Tensor)):
             continue
         try:
@@ -461,6 +473,66 @@ def layout_changed(match: Match, values: tuple) -> Optional[Refusal]:
                            f"{tuple(before.stride())}) by {described} (strides {tuple(value.stride())}), and "
                            f"%{reader.name} depends on the strides", nodes)
     return None
+
+
+@functools.cache
+def _reader_targets() -> tuple:
+    """(op, target) of every node kind :func:`_reads_strides` accepts, for ``Graph.find_nodes`` (an
+    indexed lookup: deciding that a graph has no stride reader costs no walk)."""
+    found = [("call_method", name) for name in sorted(_STRIDE_METHODS)]
+    found += [("call_function", target) for target in _STRIDE_FUNCTIONS]
+    for name in sorted(_STRIDE_METHODS | {"_unsafe_view"}):
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in (packet.overloads() if packet is not None else ()):
+            found.append(("call_function", getattr(packet, overload)))
+    return tuple(found)
+
+
+def has_stride_reader(graph: fx.Graph) -> bool:
+    """Whether any node of ``graph`` reads strides (:func:`_reads_strides`)."""
+    return any(graph.find_nodes(op=op, target=target) for op, target in _reader_targets())
+
+
+def layout_unknown(work: Any, match: Match) -> Optional[Refusal]:
+    """Without metadata (no ``example_inputs``, no ``meta['val']``) strides cannot be compared: under
+    ``[exact]`` a root that a later node reads the strides of is not replaced by an existing value
+    (``-(-x) -> x``: the root is a fresh, contiguous tensor, x may be strided). A replacement that is a
+    new call computes as the root did, and a module that returns its input (eval dropout) has its
+    input's layout: those are not refused. So the layout guard
+    holds in every mode: a rule is never applied where a stride reader could see a changed layout (with
+    metadata only where the strides differ; without, wherever such a reader exists). The verifier relies
+    on this to count a ``layout-changed`` refusal on a host as a non-application (docs/verify.md)."""
+    if not match.roots or not has_stride_reader(match.roots[0].graph):
+        return None
+    for index, root in enumerate(match.roots):
+        item = match.program.replacements[index]
+        if not isinstance(item, RValue) or _returns_its_input(work, root):
+            continue  # a new call computes as the root did (its layout is the op's); an alias of x is x's layout
+        refusal = _layout_unknown(match, index, root)
+        if refusal is not None:
+            return refusal
+    return None
+
+
+def _returns_its_input(work: Any, root: fx.Node) -> bool:
+    """Whether ``root`` is a module call of a kind that returns its input itself in eval mode (dropout,
+    identity): replacing it by that input keeps the layout."""
+    if root.op != "call_module":
+        return False
+    module = work.module_of(root.target)
+    return isinstance(module, ALIASING_MODULES) and not isinstance(module, (nn.Flatten, nn.Unflatten))
+
+
+def _layout_unknown(match: Match, index: int, root: fx.Node) -> Optional[Refusal]:
+    reader = stride_reader(root)
+    if reader is None:
+        return None
+    described = _described(match, index)
+    nodes = (root.name, reader.name) + ((described[1:],) if described.startswith("%") else ())
+    return Refusal(RefusalCode.LAYOUT_CHANGED,
+                   f"[exact] rule `{match.rule.name}` would replace %{root.name} by {described}, whose strides "
+                   f"cannot be compared (no metadata: pass example_inputs), and %{reader.name} depends on the "
+                   f"strides", nodes)
 
 
 # -- aliasing ----------------------------------------------------------------------

@@ -400,10 +400,15 @@ def _close(a: torch.Tensor, b: torch.Tensor, ref: Optional[torch.Tensor]) -> boo
     truth = ref.detach().to(torch.float64)
     if truth.shape != a.shape:
         return False
-    new_error = float((a.detach().to(torch.float64) - truth).abs().nan_to_num(nan=float("inf")).max())
-    old_error = float((b.detach().to(torch.float64) - truth).abs().nan_to_num(nan=float("inf")).max())
+    new, old = a.detach().to(torch.float64), b.detach().to(torch.float64)
+    # any NaN equals any NaN (assert_close's equal_nan above): where both models give NaN they agree, and a
+    # NaN in the reference (an inf input) must not make the budget NaN, which failed every comparison
+    agree = torch.isnan(new) & torch.isnan(old)
+    new_error = float(torch.where(agree, 0.0, (new - truth).abs()).nan_to_num(nan=float("inf")).max())
+    old_error = float(torch.where(agree, 0.0, (old - truth).abs()).nan_to_num(nan=float("inf")).max())
     # a few units of rounding at the output's magnitude: what recomputing in another order costs
-    budget = 16 * torch.finfo(a.dtype).eps * float(truth.abs().max()) if truth.numel() else 0.0
+    finite = truth[torch.isfinite(truth)]
+    budget = 16 * torch.finfo(a.dtype).eps * float(finite.abs().max()) if finite.numel() else 0.0
     return new_error <= 4 * old_error + budget
 
 
@@ -584,12 +589,16 @@ class _Broken(Exception):
         self.counterexample = counterexample
 
 
-_CONTRACT_REFUSALS = frozenset({RefusalCode.SHAPE_CHANGED, RefusalCode.DTYPE_CHANGED, RefusalCode.DEVICE_CHANGED,
-                                RefusalCode.LAYOUT_CHANGED})
-"""Guard refusals that say the rule would break its contract on this host. Not the training-mode
-ones (they depend on the host's mode, and a rule may rely on them), nor ``output-alias-introduced`` (where
-the root is the host's output an identity rule such as ``x * 1 -> x`` is refused, and applies
-everywhere else): docs/semantics.md."""
+_CONTRACT_REFUSALS = frozenset({RefusalCode.SHAPE_CHANGED, RefusalCode.DTYPE_CHANGED, RefusalCode.DEVICE_CHANGED})
+"""Guard refusals that say the rule would break its contract on this host: the engine decides them only
+with metadata, so applied without example inputs the same rule would change the value's shape, dtype or
+device. Not ``layout-changed``: the engine refuses a root a later node reads the strides of in every
+mode (with metadata where the strides differ; without, wherever it would replace it by an existing
+value: fxrules.engine.guards.layout_unknown), so the model is kept on that host and the host is a
+non-application, as a false condition is (hosts without a stride reader still check the rule's values).
+Not the training-mode ones (they depend on the host's mode, and a rule may rely on them), nor
+``output-alias-introduced`` (where the root is the host's output an identity rule such as ``x * 1 -> x``
+is refused, and applies everywhere else): docs/semantics.md."""
 
 
 def _apply_one(module: torch.nn.Module, single: RuleSet, name: str, inputs: tuple):

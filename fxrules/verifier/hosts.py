@@ -17,8 +17,10 @@ draw, so verification can report "no sampler for ..." instead of guessing.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -134,10 +136,89 @@ class HostGraphWriter:
             outputs[0] = self.view_user(outputs[0])
         if self.module_calls and self.draw(st.sampled_from([False, False, True]), label="a module called twice"):
             outputs.append(self.shared_use(self.draw(st.sampled_from(self.module_calls), label="shared module")))
+        outputs += self.view_write(list(pattern_roots))  # drawn last: the draws before it replay as they did
         self.graph.output(outputs[0] if len(outputs) == 1 else tuple(outputs))
         module = fx.GraphModule(self.root, self.graph, class_name="Host")
         module.training = self.training  # not train(): each submodule has its mode, a pattern's {training=...} too
+        if any("written in place through" in line for line in self.lines):
+            self.values = self.rerun(module)  # a write changed values computed before it (and their views)
         return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines, self.seed, pattern_roots)
+
+    def view_write(self, outputs: list) -> list:
+        """Sometimes an in-place write through a view (``x.transpose(0, 1).mul_(2)``, ``x[0].zero_()``,
+        ``x.view(-1).add_(1)``) of a value the pattern reads or of its result: *before* the pattern
+        (written before the first node that reads a captured input or inner value: what a condition
+        reads must be the value at the match), or *after* it (of a capture: a rule replacing its result
+        by that capture would carry the write; of the result: a rule making the result share storage
+        with the capture would write the capture, so the capture is then an output too). Model inputs
+        and inner values only: a write to a parameter or buffer would change the host's state between
+        the runs that are compared. Returns the outputs to add."""
+        choice = self.draw(st.sampled_from(["none"] * 5 + ["before", "after capture", "after result"]),
+                           label="a write through a view")
+        if choice == "none":
+            return []
+        captured = [v for v in self.captures.values() if isinstance(v, fx.Node) and v.op != "get_attr"
+                    and isinstance(self.values.get(v), torch.Tensor)]
+        if choice == "after result":
+            result = outputs[0] if outputs and isinstance(outputs[0], fx.Node) else None
+            if result is None or not captured or not isinstance(self.values.get(result), torch.Tensor):
+                return []
+            self.write_through_view(result, None)
+            return [self.draw(st.sampled_from(captured), label="written capture is output")]
+        if not captured:
+            return []
+        target = self.draw(st.sampled_from(captured), label="written value")
+        if choice == "after capture":
+            self.write_through_view(target, None)
+            return []
+        first_reader = min((user for user in target.users), default=None)
+        if first_reader is None:
+            return []
+        self.write_through_view(target, first_reader)
+        return []
+
+    def write_through_view(self, node: fx.Node, before: Optional[fx.Node]) -> None:
+        """Write ``node`` in place through a drawn view of it, after it or just before ``before``."""
+        value = self.values[node]
+        views = [v for v, ok in (("transpose", value.ndim >= 2), ("select", value.ndim >= 1 and value.shape[0] > 0),
+                                 ("view", value.is_contiguous() and value.numel() > 0)) if ok]
+        if not views:
+            return
+        view = self.draw(st.sampled_from(views), label="view written")
+        write = self.draw(st.sampled_from(["add_", "mul_", "zero_"]), label="in-place write")
+        # before a reader; or at the end (the graph's insertion point: its output is not written yet)
+        with self.graph.inserting_before(before) if before is not None else contextlib.nullcontext():
+            if view == "transpose":
+                viewed = self.graph.call_method("transpose", (node, 0, 1))
+            elif view == "select":
+                viewed = self.graph.call_function(operator.getitem, (node, 0))
+            else:
+                viewed = self.graph.call_method("view", (node, -1))
+            args = {"add_": (viewed, 1), "mul_": (viewed, 2), "zero_": (viewed,)}[write]
+            self.graph.call_method(write, args)
+        probe = _clone(value)
+        self.evaluate(lambda: getattr({"transpose": lambda t: t.transpose(0, 1), "select": lambda t: t[0],
+                                       "view": lambda t: t.view(-1)}[view](probe), write)(*args[1:]))
+        text = {"transpose": ".transpose(0, 1)", "select": "[0]", "view": ".view(-1)"}[view]
+        when = f"before %{before.name} reads it" if before is not None else "after the pattern"
+        self.lines.append(f"%{node.name} is written in place through {node.name}{text}.{write} {when}")
+
+    def rerun(self, module: fx.GraphModule) -> dict:
+        """Every node's value after a run of the finished host on copies of its inputs (what its outputs are)."""
+        by_name: dict = {}
+
+        class Recorder(fx.Interpreter):
+            def run_node(self, n: fx.Node) -> Any:
+                by_name[n.name] = result = super().run_node(n)
+                return result
+
+        # on a copy (a train-mode batch norm's statistics stay as drawn), with the generators forked
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                Recorder(copy.deepcopy(module)).run(*[fresh(t) for t in self.inputs])
+        except Exception:
+            return self.values  # the run decides (the host is discarded there if it does not run)
+        return {n: by_name[n.name] for n in module.graph.nodes if n.name in by_name}
 
     def view_user(self, node: fx.Node) -> fx.Node:
         """``node.view(-1)``: a user that needs ``node``'s strides (a rewrite that changes them breaks it)."""
@@ -491,7 +572,7 @@ class HostGraphWriter:
             else:
                 free_attrs.append((name, attr))
         module = sampler.build(self.draw, value, overrides)
-        if module is None:
+        if module is None or _crashes_torch(cls.__name__, value, getattr(module, "dilation", 1)):
             reject()
         if self.dtype.is_floating_point or self.dtype.is_complex:
             module = module.to(self.dtype)
@@ -572,6 +653,8 @@ class HostGraphWriter:
                 kwargs[param.name] = value
             else:
                 args.append(value)
+        if _crashes_torch(_target_name(target), self.value_of(args[:1]), ctx.get("dilation", 1)):
+            reject()
         if p.op == "call_method":
             node = self.graph.call_method(target, tuple(args), kwargs)
             method = target
@@ -629,6 +712,32 @@ class HostGraphWriter:
                 return run()
         except Exception:  # an op that does not accept this combination: draw another host
             reject()
+
+
+def _target_name(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", None) or str(target)
+
+
+def _crashes_torch(name: str, values: Any, dilation: Any) -> bool:
+    """Whether running op ``name`` on ``values`` would crash the process rather than raise: torch's CPU
+    convolution (2.13) segfaults on a channels_last input with a dilation above 1 (seen with a 1x1 kernel,
+    stride 2, padding 1 and width 1, in every floating and complex dtype; found by the verifier's draws).
+    Such a host is discarded unrun, as one whose op raises is: a convolution with dilation is still drawn
+    on every other layout, and a channels_last one without dilation."""
+    if "conv" not in name.lower():
+        return False
+    dilated = any(d > 1 for d in (dilation if isinstance(dilation, (list, tuple)) else (dilation,))
+                  if isinstance(d, int))
+    return dilated and any(isinstance(v, torch.Tensor) and v.ndim == 4 and not v.is_contiguous()
+                           and v.is_contiguous(memory_format=torch.channels_last) for v in _flatten_values(values))
+
+
+def _flatten_values(values: Any) -> list:
+    if isinstance(values, (list, tuple)):
+        return [leaf for item in values for leaf in _flatten_values(item)]
+    return [values]
 
 
 def _scale_output(module: nn.Module, args: tuple, output: Any) -> Any:

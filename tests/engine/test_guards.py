@@ -202,6 +202,30 @@ def test_layout_is_kept_only_where_a_later_node_reads_strides():
     assert approx.counts == {"wrong_contiguous": 1}
 
 
+def test_without_metadata_a_root_whose_strides_a_later_node_reads_is_not_replaced_by_an_existing_value():
+    """-(-x) -> x on a strided x (every other row) read by .view: the layout guard cannot compare strides without example
+    inputs, so it refuses there (the rewrite would make the view fail); with no stride reader, or with
+    example inputs showing a contiguous x, the rule applies (tests/engine/test_scale.py's long chain too)."""
+    class NegNegView(nn.Module):
+        def forward(self, x):
+            return (-(-x[::2])).view(-1)
+
+    class NegNeg(nn.Module):
+        def forward(self, x):
+            return -(-x[::2]) + 1
+
+    double_neg = rules("rule double_neg [exact]: call_function operator.neg(call_function operator.neg($x)) -> $x")
+    refused = fxrules.apply_rules(NegNegView(), double_neg)
+    assert refused.counts == {} and [r.code for r in refused.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
+    assert "cannot be compared" in refused.report.rejected[0].reason
+    x = randn(4, 3)
+    assert_close(refused.module(x), NegNegView()(x), rtol=0, atol=0)
+    assert fxrules.apply_rules(NegNeg(), double_neg).counts == {"double_neg": 1}
+    with_metadata = fxrules.apply_rules(NegNegView(), double_neg, example_inputs=(x,))
+    assert [r.code for r in with_metadata.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
+    assert "strides (6, 1)" in with_metadata.report.rejected[0].reason
+
+
 def test_output_aliasing_of_other_outputs_is_refused_and_of_inputs_allowed():
     class Copies(nn.Module):
         def forward(self, x):
@@ -465,3 +489,39 @@ def test_a_trainable_parameter_bound_by_a_capture_and_consumed_by_a_builder_is_n
     assert "beta" in dict(result.module.named_parameters())
     eval_result = fxrules.apply_rules(model.eval(), fxrules.LIBRARY, example_inputs=())
     assert eval_result.counts.get("aten_fold_conv2d_bn") == 1  # eval is inference: the fold applies
+
+
+@pytest.mark.parametrize("gamma", [float("inf"), float("nan"), 3e38])
+def test_the_bundled_folds_decline_non_finite_or_overflowing_folded_values(gamma):
+    """aten_fold_conv2d_bn and fold_conv2d_bn with a batch-norm weight that is inf, NaN or so large that
+    w * gamma / sqrt(var + eps) overflows float32: the folded conv would give inf/NaN where the original is
+    finite or another inf (found by the verifier), so the builder declines and the model is kept."""
+    from torch import fx
+
+    library = fxrules.load_rules(fxrules.LIBRARY)
+    root = nn.Module()
+    root.w, root.mean, root.var = randn(2, 3, 1, 1).abs() + 2, torch.zeros(2), torch.ones(2)  # |w| * 3e38 overflows
+    root.gamma, root.beta = torch.tensor([gamma, 1.0]), torch.zeros(2)
+    g = fx.Graph()
+    aten = torch.ops.aten
+    x = g.placeholder("x")
+    conv = g.call_function(aten.conv2d.default, (x, g.get_attr("w"), None, [1, 1], [0, 0], [1, 1], 1))
+    g.output(g.call_function(aten.batch_norm.default, (conv, g.get_attr("gamma"), g.get_attr("beta"),
+                                                       g.get_attr("mean"), g.get_attr("var"), False, 0.0, 1e-5, False)))
+    model = fx.GraphModule(root, g).eval()
+    inputs = (randn(1, 3, 4, 4),)
+    result = fxrules.apply_rules(model, library.select(names=["aten_fold_conv2d_bn"]), example_inputs=inputs)
+    assert result.counts == {} and [r.code for r in result.report.rejected] == [RefusalCode.BUILDER_DECLINED]
+    assert "not finite" in result.report.rejected[0].reason
+    assert_close(result.module(*inputs), model(*inputs), rtol=0, atol=0, equal_nan=True)
+
+    modules = nn.Sequential(nn.Conv2d(3, 2, 1), nn.BatchNorm2d(2)).eval()
+    with torch.no_grad():
+        modules[0].weight.copy_(root.w)
+        modules[1].weight[0] = gamma
+    folded = fxrules.apply_rules(modules, library.select(names=["fold_conv2d_bn"]), example_inputs=inputs)
+    assert folded.counts == {} and [r.code for r in folded.report.rejected] == [RefusalCode.BUILDER_DECLINED]
+    # finite parameters fold as before
+    assert fxrules.apply_rules(nn.Sequential(nn.Conv2d(3, 2, 1), nn.BatchNorm2d(2)).eval(),
+                               library.select(names=["fold_conv2d_bn"]), example_inputs=inputs).counts == \
+        {"fold_conv2d_bn": 1}

@@ -47,11 +47,12 @@ def test_long_chain():
     gm = chain((torch.relu, torch.relu, operator.neg, operator.neg), n)
     assert len(gm.graph.nodes) == n + 2
     rules = LIBRARY.select(names=["relu_idempotent", "double_neg"])
-    result = fxrules.apply_rules(gm, rules)
+    x = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    # with example inputs: double_neg reads x's dtype (not complex), and the guards check each rewrite
+    result = fxrules.apply_rules(gm, rules, example_inputs=(x,))
     assert result.counts == {"relu_idempotent": n // 2 - 1, "double_neg": n // 4}
     assert [node.op for node in result.module.graph.nodes] == ["placeholder", "call_function", "output"]
     assert result.report.nodes_before == n + 2 and result.report.nodes_after == 3
-    x = torch.randn(5, generator=torch.Generator().manual_seed(0))
     assert_close(result.module(x), torch.relu(x), rtol=0, atol=0)
     assert len(gm.graph.nodes) == n + 2  # the input is untouched
 

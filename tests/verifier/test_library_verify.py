@@ -14,23 +14,13 @@ from fxrules.verifier.driver import MIN_HOSTS
 HOSTS = max(MIN_HOSTS + 3, settings.default.max_examples // 30)  # weak below MIN_HOSTS distinct hosts
 
 
-# Library rules the verifier's draws (issue 20) find wrong and that are not fixed yet (an xfail, not strict). The 22
-# rules once listed here are fixed, by the engine's guards (hooks, aliasing, trainable parameters, layout), by their
-# conditions (contiguous x, the sum keeping x's shape, float32/float64 folds) or by the verifier's reconciled
-# semantics (parameter gradients compared in training mode only); see docs/verify.md. Found since, still open:
-KNOWN_WRONG: dict[str, str] = {
-    "aten_fold_conv2d_bn": (
-        "(the engine's part is fixed: a captured trainable parameter a builder consumes is now refused, "
-        "tests/engine/test_guards.py) a batch-norm weight drawn non-finite or huge (float32 special values) makes "
-        "the folded weight inf/NaN where the original output is finite or a different inf: the fold needs a "
-        "finiteness condition or the builder must decline"),
-    "double_neg": ("on a strided x read by a later .view the engine refuses the rewrite (layout-changed): the model "
-                   "stays right, but the rule's conditions admit the host. `where $x.is_contiguous()` fixes it and "
-                   "makes the rule need metadata, which breaks applying it without example_inputs "
-                   "(tests/engine/test_scale.py::test_long_chain): the integrator decides"),
-    "canonical_silu": ("float16 with special values: the input gradient of x * sigmoid(x) and of F.silu differ "
-                       "beyond the float64 reference's budget (unseeded full run; not yet diagnosed)"),
-}
+# Library rules the verifier's draws (issue 20) find wrong and that are not fixed yet (an xfail, not strict): none.
+# Fixed since: 22 rules by the engine's guards, their conditions or the verifier's reconciled semantics; then
+# aten_fold_conv2d_bn (the fold builders decline non-finite parameters or folded values), double_neg (a
+# layout-changed refusal is a non-application: the engine refuses it with and without metadata) and
+# canonical_silu (a NaN both models agree on no longer makes the float64 reference's budget NaN); see
+# docs/verify.md. Keep the mechanism: a rule listed here runs as an xfail with its reason.
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _cases():
