@@ -760,3 +760,100 @@ def quiet_meta_failures() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(_META_FAILURES)
+
+
+# ---------------------------------------------------------------------------
+# Undoing edits of a graph (apply_rules(..., inplace=True)): no public equivalent
+# ---------------------------------------------------------------------------
+# torch.fx has no public way to put an erased node back, or to give a node back its users in their
+# old order: an in-place rewrite that fails restores what it changed through these. The undo is
+# checked to be exact (tests/engine/test_inplace.py); a torch release that changes these members
+# fails there.
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What an edit may change about a node the graph had before: its arguments (and the input nodes
+    they name), its users in order, its metadata, and its position key."""
+
+    args: tuple
+    kwargs: Any
+    inputs: dict
+    users: dict
+    meta: dict
+    sort_key: Any
+
+
+def node_state(node: fx.Node, without_user: Optional[fx.Node] = None) -> NodeState:
+    """``node``'s state now; ``without_user``: a node just created that reads ``node`` (its entry is
+    the last of ``node``'s users), left out, which gives the state before it was created."""
+    users = dict(node.users)
+    if without_user is not None:
+        users.pop(without_user, None)
+    return NodeState(node._args, node._kwargs, dict(node._input_nodes), users, dict(node.meta), node._sort_key)
+
+
+def restore_node_state(node: fx.Node, state: NodeState) -> None:
+    """Give ``node`` back ``state``, keeping its own dictionaries (``users``, ``meta``) as objects."""
+    setattr_ = object.__setattr__
+    setattr_(node, "_args", state.args)
+    setattr_(node, "_kwargs", state.kwargs)
+    setattr_(node, "_sort_key", state.sort_key)
+    for mine, saved in ((node._input_nodes, state.inputs), (node.users, state.users), (node.meta, state.meta)):
+        mine.clear()
+        mine.update(saved)
+
+
+def unlink_created_node(graph: fx.Graph, node: fx.Node) -> None:
+    """Take ``node``, made by the edits being undone, out of ``graph``: out of its node list (unless
+    erased already), its lookup table and its name table. Other nodes' users are restored apart."""
+    if not node._erased:
+        graph._find_nodes_lookup_table.remove(node)
+        node._remove_from_list()
+        object.__setattr__(node, "_erased", True)
+        graph._len -= 1
+    namespace = graph._graph_namespace
+    namespace._obj_to_name.pop(node, None)
+    namespace._used_names.discard(node.name)
+
+
+def relink_erased_node(graph: fx.Graph, node: fx.Node, after: fx.Node) -> None:
+    """Put ``node``, erased by the edits being undone, back into ``graph`` right after ``after`` (the
+    graph's root sentinel for the first place); its arguments and users are restored apart."""
+    setattr_ = object.__setattr__
+    setattr_(node, "_prev", node)  # erasing left the old neighbours here: unlinking must not touch them
+    setattr_(node, "_next", node)
+    after._next._prepend(node)
+    setattr_(node, "_erased", False)
+    graph._len += 1
+    graph._find_nodes_lookup_table.insert(node)
+
+
+def graph_root(graph: fx.Graph) -> fx.Node:
+    """The sentinel node before the first node of ``graph``."""
+    return graph._root
+
+
+def name_counters(graph: fx.Graph) -> dict:
+    """The per-base-name counters of ``graph``'s name table (to be given back with
+    :func:`restore_name_counters`)."""
+    return dict(graph._graph_namespace._base_count)
+
+
+def restore_name_counters(graph: fx.Graph, counters: dict) -> None:
+    store = graph._graph_namespace._base_count
+    store.clear()
+    store.update(counters)
+
+
+def module_stores(module: nn.Module) -> tuple:
+    """The dictionaries in which ``module`` keeps its submodules, parameters and buffers, and its
+    instance dictionary: what placing or removing a member changes."""
+    return module._modules, module._parameters, module._buffers, module.__dict__
+
+
+GRAPH_MODULE_CODE = ("_code", "_lineno_map", "_prologue_start", "_in_spec", "_out_spec")
+"""The instance attributes ``GraphModule.recompile`` sets."""
+
+GRAPH_MODULE_CLASS_CODE = ("forward", "__call__", "_wrapped_call")
+"""The attributes ``GraphModule.recompile`` sets on the module's own class."""
