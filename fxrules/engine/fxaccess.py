@@ -30,7 +30,7 @@ import copy
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import torch
 from torch import fx, nn
@@ -771,16 +771,15 @@ def quiet_meta_failures() -> Iterator[None]:
 # fails there.
 
 
-@dataclass(frozen=True, slots=True)
-class NodeState:
-    """What an edit may change about a node the graph had before: its arguments (and the input nodes
-    they name), its users in order, its metadata, and its position key."""
+class NodeState(NamedTuple):
+    """Where a node the graph had before stands: its arguments (and the input nodes they name), its
+    users in order, and its position key. (A named tuple: one is made per node an in-place edit
+    reaches, on the rewrite's hot path, and it builds several times faster than a frozen dataclass.)"""
 
     args: tuple
     kwargs: Any
     inputs: dict
     users: dict
-    meta: dict
     sort_key: Any
 
 
@@ -790,18 +789,20 @@ def node_state(node: fx.Node, without_user: Optional[fx.Node] = None) -> NodeSta
     users = dict(node.users)
     if without_user is not None:
         users.pop(without_user, None)
-    return NodeState(node._args, node._kwargs, dict(node._input_nodes), users, dict(node.meta), node._sort_key)
+    return NodeState(node._args, node._kwargs, dict(node._input_nodes), users, node._sort_key)
 
 
 def restore_node_state(node: fx.Node, state: NodeState) -> None:
-    """Give ``node`` back ``state``, keeping its own dictionaries (``users``, ``meta``) as objects."""
+    """Give ``node`` back ``state``, keeping its own dictionaries (``users``, ``_input_nodes``) as objects."""
     setattr_ = object.__setattr__
     setattr_(node, "_args", state.args)
     setattr_(node, "_kwargs", state.kwargs)
     setattr_(node, "_sort_key", state.sort_key)
-    for mine, saved in ((node._input_nodes, state.inputs), (node.users, state.users), (node.meta, state.meta)):
-        mine.clear()
-        mine.update(saved)
+    inputs, users = node._input_nodes, node.users
+    inputs.clear()
+    inputs.update(state.inputs)
+    users.clear()
+    users.update(state.users)
 
 
 def unlink_created_node(graph: fx.Graph, node: fx.Node) -> None:

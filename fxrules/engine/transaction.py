@@ -88,12 +88,13 @@ class Journal:
 
     :meth:`rollback` undoes the run: nodes it created leave the graph and its name table, nodes it
     erased go back in their places, every saved node gets back its arguments, users (in their
-    order), metadata (the same dictionary, its old items) and position key, every saved module
+    order) and position key, and metadata (the same dictionary, its old items), every saved module
     dictionary its items in their order, and the module its code (``recompile``'s attributes)."""
 
     def __init__(self, graph: fx.Graph):
         self.graph = graph
         self.saved: dict = {}  # node -> fxaccess.NodeState before this run first changed it
+        self.metas: dict = {}  # node -> a copy of its meta before this run first wrote it
         self.made: dict = {}  # the nodes this run created, in order (a dict as an ordered set)
         self.erased: list = []  # (node, the node it came after), in the order the graph's own nodes were erased
         self.unused: dict = {}  # targets of the graph's own call_module/get_attr nodes that were erased
@@ -143,8 +144,10 @@ class Journal:
 
     def meta_of(self, node: fx.Node) -> dict:
         """``node``'s metadata, to be written."""
-        self.touch(node)
-        return node.meta
+        meta = node.meta
+        if node not in self.metas and node not in self.made:
+            self.metas[node] = dict(meta)
+        return meta
 
     def store(self, items: dict) -> dict:
         """``items`` (a module's dictionary), to be written."""
@@ -168,6 +171,10 @@ class Journal:
             fxaccess.relink_erased_node(graph, node, after)
         for node, state in self.saved.items():
             fxaccess.restore_node_state(node, state)
+        for node, meta in self.metas.items():
+            mine = node.meta
+            mine.clear()
+            mine.update(meta)
         for items, before in self.stores.values():
             items.clear()
             items.update(before)
