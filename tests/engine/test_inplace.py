@@ -11,7 +11,6 @@ buffers by identity and in order) and code. The copying versions are in test_fau
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import fx, nn
