@@ -29,6 +29,7 @@ import contextlib
 import copy
 import logging
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
@@ -675,10 +676,13 @@ _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_gl
 
 def global_hook_kinds() -> list:
     """The kinds of hook registered for every module (``torch.nn.modules.module.register_module_forward_hook``
-    and its siblings): ``forward_hooks``, ``forward_pre_hooks``, ``backward_hooks``, ``backward_pre_hooks``."""
-    from torch.nn.modules import module as _module
+    and its siblings): ``forward_hooks``, ``forward_pre_hooks``, ``backward_hooks``, ``backward_pre_hooks``.
+    Asked by the planner for every match: the common answer (none) is four lookups."""
+    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(_NN_MODULE_MODULE, name, None)]
 
-    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(_module, name, None)]
+
+_NN_MODULE_MODULE = sys.modules["torch.nn.modules.module"]
+"""``torch.nn.modules.module``, where the global module hooks are kept (imported with ``torch.nn``)."""
 
 
 TENSOR_METHOD_OWNERS = (torch.Tensor, torch._C.TensorBase)

@@ -894,7 +894,13 @@ def _template_written(call: RCall, match: Match, effects: Effects) -> Any:
                         return args[i]
                     return dict(call.kwargs).get(argument.name)
             return None
-        if _function_writes(target) == _WRITES_FIRST:
+        try:  # the kind per target, remembered for the run as for the graph's own nodes
+            kind = effects._writes.get(target)
+            if kind is None:
+                kind = effects._writes[target] = _function_writes(target)
+        except TypeError:  # an unhashable target
+            kind = _function_writes(target)
+        if kind == _WRITES_FIRST:
             return first
         kwargs = dict(call.kwargs) if args is not None else dict(match.roots[call.root_index].kwargs)
         inplace = kwargs.get("inplace")
