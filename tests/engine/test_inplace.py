@@ -354,3 +354,21 @@ def test_rule_pass_rewrites_in_place_and_rolls_back():
     assert result.modified and result.graph_module is gm
     with torch.no_grad():
         assert_close(gm(x), expected, rtol=0, atol=0)
+
+
+def test_the_public_paths_rewrite_and_roll_back_alike(monkeypatch):
+    """With the fast paths off (a torch release fxaccess was not written for), the in-place mode
+    gives the same result, and its undo (which has no public equivalent) still restores exactly."""
+    from fxrules.engine import fxaccess
+
+    monkeypatch.setattr(fxaccess, "FAST", False)
+    rules = fxrules.load_rules(RULES_DIR).select(names=FOLD)
+    gm, twin = traced_conv_bn(), traced_conv_bn()
+    copying = fxrules.apply_rules(twin, rules)
+    in_place = fxrules.apply_rules(gm, rules, inplace=True)
+    assert _comparable(in_place.report) == _comparable(copying.report) and gm.code == copying.module.code
+    gm = traced_conv_bn()
+    before = deep_snapshot(gm)
+    with pytest.raises(fxrules.RewriteError):
+        fxrules.apply_rules(gm, fault_rules("builder_boom"), inplace=True)
+    assert_same_deep(before, deep_snapshot(gm))
