@@ -70,7 +70,9 @@ from fxrules.engine.transaction import copy_graph
 from . import graphs
 from .workloads import WORKLOADS, Workload
 
-TOOLS = ("fxrules", "replace_pattern", "inductor", "floor")
+TOOLS = ("fxrules", "inplace", "replace_pattern", "inductor", "floor")
+RUNNERS = ("fxrules", "inplace", "replace_pattern", "inductor")  # the tools timed as a whole call
+ENGINES = ("fxrules", "inplace")  # fxrules' two modes
 LARGE = 10_000  # graphs at least this large are timed --large-repeat times
 
 
@@ -238,6 +240,8 @@ class Bench:
             compile_rules(rules)  # parse and compile once, outside every timing
             if tool == "fxrules":
                 self.runners[key] = lambda gm: fxrules.apply_rules(gm, rules)
+            elif tool == "inplace":
+                self.runners[key] = lambda gm: fxrules.apply_rules(gm, rules, inplace=True)
             elif tool == "replace_pattern":
                 self.runners[key] = w.replace_pattern()
             elif tool == "inductor":
@@ -253,7 +257,7 @@ class Bench:
         replace_pattern keeps nothing per workload (its patterns are traced when its runner is
         made), so it warms up once per process: on 500 rules its warm-up alone took 10 s."""
         g = self.graph(w.family, 300)
-        for tool in ("fxrules", "replace_pattern", "inductor"):
+        for tool in RUNNERS:
             if tool not in self.tools or self.runner(tool, w) is None:
                 continue
             if tool == "replace_pattern" and self.warmed_replace_pattern:
@@ -271,12 +275,12 @@ class Bench:
         make = lambda: fresh(g.gm)  # noqa: E731
         same = lambda: g.gm  # noqa: E731  (the floor's parts do not edit the graph)
         timers: dict = {}  # name -> (function, input maker, cap)
-        for tool in ("fxrules", "replace_pattern", "inductor"):
+        for tool in RUNNERS:
             cell = self.skip(tool, w, g)
             if cell is not None:
                 row.cells[tool] = cell
                 continue
-            timers[tool] = (self.runner(tool, w), make, a.timeout if tool != "fxrules" else max(a.timeout, 600))
+            timers[tool] = (self.runner(tool, w), make, a.timeout if tool not in ENGINES else max(a.timeout, 600))
         if "floor" in self.tools:
             index = compile_rules(w.rules).by_key
 
@@ -315,7 +319,7 @@ class Bench:
             if cell.all_seconds:
                 cell.runs = len(cell.all_seconds)
                 cell.seconds = statistics.median(cell.all_seconds)
-        for tool in ("fxrules", "replace_pattern", "inductor"):
+        for tool in RUNNERS:
             if tool not in timers:
                 continue
             cell = row.cells[tool] = cells[tool]
@@ -324,9 +328,9 @@ class Bench:
                 continue
             self.last[(tool, w.name)] = (g.nodes, cell.seconds)
             self.check(tool, w, g, ref, row, cell, *last[tool])
-        row.cells = {tool: row.cells[tool] for tool in ("fxrules", "replace_pattern", "inductor")}
+        row.cells = {tool: row.cells[tool] for tool in RUNNERS}
         if a.memory:
-            for tool in ("fxrules", "replace_pattern", "inductor"):
+            for tool in RUNNERS:
                 cell = row.cells[tool]
                 if tool in timers and cell.status == "ok" and cell.seconds is not None \
                         and cell.seconds <= MEMORY_RUN_LIMIT:
@@ -339,8 +343,8 @@ class Bench:
                 self.graph_copy[key] = measure(lambda gm: copy_graph(gm.graph), same, self.repeat(g.nodes),
                                                None, a.budget)[0].seconds
             row.graph_copy = self.graph_copy[key]
-            fx_cell = row.cells.get("fxrules")
-            if fx_cell is not None and fx_cell.edits is not None:
+            fx_cell = next((row.cells[t] for t in ENGINES if row.cells[t].edits is not None), None)
+            if fx_cell is not None:
                 if key not in self.unit_costs:
                     self.unit_costs[key] = edit_unit_costs(g.gm)
                 row.floor_mutation = sum(n * c for n, c in zip(fx_cell.edits, self.unit_costs[key]))
@@ -357,7 +361,7 @@ class Bench:
             return Cell(status="n/a", note=w.inductor_note)
         if (tool, w.name) in self.timed_out:
             return Cell(status="skipped-timeout", note=f"timed out at {self.timed_out[(tool, w.name)]} nodes")
-        if tool != "fxrules" and (tool, w.name) in self.last:
+        if tool not in ENGINES and (tool, w.name) in self.last:
             nodes, seconds = self.last[(tool, w.name)]
             predicted = seconds * (g.nodes / nodes) ** 2
             if predicted > self.args.timeout:
@@ -368,9 +372,11 @@ class Bench:
     def check(self, tool: str, w: Workload, g: graphs.Graph, ref: torch.Tensor, row: Row, cell: Cell,
               inp: Any, out: Any) -> None:
         """What the tool produced, and whether it computes what the model computes."""
-        if tool == "fxrules":
+        if tool in ENGINES:
             report = out.report
             result_gm, cell.rewrites = out.module, len(report.applied)
+            if tool == "inplace" and result_gm is not inp:
+                row.failures.append("inplace: the result is not the module it was given")
             created = sum(len(entry.created) for entry in report.applied)
             rewired = sum(len(entry.replaced_by) for entry in report.applied)
             cell.edits = (created, rewired, created + report.nodes_before - report.nodes_after)
@@ -425,18 +431,32 @@ class Bench:
                     print(profile_fxrules(w, self.graph(w.family, size)), flush=True)
 
     def table(self) -> str:
-        head = ("| workload | graph | nodes | fxrules ms | replace_pattern ms | inductor ms | floor ms | copy ms "
-                "| fxrules/floor | replace_pattern/fxrules | inductor/fxrules | peak MB fx/rp/ind | rewrites fx/rp/ind "
-                "| check |")
+        head = ("| workload | graph | nodes | fxrules ms | inplace ms | replace_pattern ms | inductor ms | floor ms "
+                "| copy ms | fxrules/floor | inplace/floor | replace_pattern/fxrules | inductor/fxrules "
+                "| peak MB fx/ip/rp/ind | rewrites fx/ip/rp/ind | check |")
         lines = [head, "|" + "---|" * (head.count("|") - 1)]
         for r in self.rows:
-            fx_c, rp_c, ind_c = (r.cells[t] for t in ("fxrules", "replace_pattern", "inductor"))
-            rewrites = "/".join("-" if c.rewrites is None else str(c.rewrites) for c in (fx_c, rp_c, ind_c))
-            peaks = "/".join(_mb(r.peak[t]) if t in r.peak else "-" for t in ("fxrules", "replace_pattern", "inductor"))
+            fx_c, ip_c, rp_c, ind_c = (r.cells[t] for t in RUNNERS)
+            rewrites = "/".join("-" if c.rewrites is None else str(c.rewrites) for c in (fx_c, ip_c, rp_c, ind_c))
+            peaks = "/".join(_mb(r.peak[t]) if t in r.peak else "-" for t in RUNNERS)
             lines.append(
-                f"| {r.workload} | {r.family} | {r.nodes} | {fx_c.show()} | {rp_c.show()} | {ind_c.show()} "
-                f"| {_ms(r.floor)} | {_ms(r.graph_copy)} | {_ratio(fx_c.seconds, r.floor)} | {_ratio(rp_c.seconds, fx_c.seconds)} "
+                f"| {r.workload} | {r.family} | {r.nodes} | {fx_c.show()} | {ip_c.show()} | {rp_c.show()} "
+                f"| {ind_c.show()} | {_ms(r.floor)} | {_ms(r.graph_copy)} | {_ratio(fx_c.seconds, r.floor)} "
+                f"| {_ratio(ip_c.seconds, r.floor)} | {_ratio(rp_c.seconds, fx_c.seconds)} "
                 f"| {_ratio(ind_c.seconds, fx_c.seconds)} | {peaks} | {rewrites} | {'FAIL' if r.failures else 'ok'} |")
+        return "\n".join(lines)
+
+    def goals_table(self) -> str:
+        """Issue 17's goals, cell by cell: the copying mode no slower than inductor (inductor/fxrules
+        >= 1), the in-place mode within 1.15x the floor, and replace_pattern at least 30x slower than
+        fxrules on `rules50` (measured there only)."""
+        head = "| workload | nodes | inductor/fxrules (>= 1.00) | inplace/floor (<= 1.15) | replace_pattern/fxrules (>= 30, rules50) |"
+        lines = [head, "|" + "---|" * (head.count("|") - 1)]
+        for r in self.rows:
+            fx_c, ip_c, rp_c, ind_c = (r.cells[t] for t in RUNNERS)
+            lines.append(f"| {r.workload} | {r.nodes} | {_goal(ind_c.seconds, fx_c.seconds, 1.0, True)} "
+                         f"| {_goal(ip_c.seconds, r.floor, GOAL_INPLACE_FLOOR, False)} "
+                         f"| {_goal(rp_c.seconds, fx_c.seconds, 30.0, True) if r.workload == 'rules50' else '-'} |")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -626,7 +646,7 @@ def scaling_table(rows: list) -> str:
     by_workload: dict = {}
     for r in rows:
         by_workload.setdefault(r.workload, []).append(r)
-    lines = ["| workload | sizes | fxrules | replace_pattern | inductor | floor |", "|---|---|---|---|---|---|"]
+    lines = ["| workload | sizes | fxrules | inplace | replace_pattern | inductor | floor |", "|---|---|---|---|---|---|---|"]
     import math
 
     for name, group in by_workload.items():
@@ -634,7 +654,7 @@ def scaling_table(rows: list) -> str:
             continue
         lo, hi = min(group, key=lambda r: r.nodes), max(group, key=lambda r: r.nodes)
         cells = []
-        for tool in ("fxrules", "replace_pattern", "inductor", "floor"):
+        for tool in TOOLS:
             a = lo.floor if tool == "floor" else lo.cells[tool].seconds
             b = hi.floor if tool == "floor" else hi.cells[tool].seconds
             cells.append("-" if not a or not b else f"{math.log(b / a) / math.log(hi.nodes / lo.nodes):.2f}")
@@ -664,6 +684,19 @@ def _mb(size: int) -> str:
 
 def _ms(seconds: Optional[float]) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+GOAL_INPLACE_FLOOR = 1.15
+"""Issue 17: the in-place mode at most this many times the floor."""
+
+
+def _goal(a: Optional[float], b: Optional[float], bound: float, at_least: bool) -> str:
+    """``a / b`` and whether it meets ``bound`` (at least it, or at most it): ``1.04x ok``, ``0.97x MISS``."""
+    if a is None or b is None or b == 0:
+        return "-"
+    ratio = a / b
+    met = ratio >= bound if at_least else ratio <= bound
+    return f"{_ratio(a, b)} {'ok' if met else 'MISS'}"
 
 
 def _ratio(a: Optional[float], b: Optional[float]) -> str:
@@ -743,6 +776,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     bench.run()
     parsing = time_parsing(args.parse, args.repeat) if args.parse else []
     print(bench.table())
+    print("\nIssue 17's goals per cell (ratios of the medians above):\n")
+    print(bench.goals_table())
     if len(args.sizes) > 1:
         print("\nScaling exponents (time ~ nodes^k, smallest to largest size):\n")
         print(scaling_table(bench.rows))

@@ -64,7 +64,7 @@ def parse_rules(text: str, source: str = "<string>", *, allow_imports: Iterable[
 
 
 def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, tracer=None, concrete_args=None,
-                allow_imports: Iterable[str] = (), config: ConfigLike = None):
+                allow_imports: Iterable[str] = (), config: ConfigLike = None, inplace: bool = False):
     """Rewrite ``model`` with ``rules`` to a fixpoint; returns a :class:`fxrules.engine.report.RewriteResult`.
 
     ``model``: an ``nn.Module`` (traced with ``torch.fx``; pass ``tracer`` or ``concrete_args`` to
@@ -74,14 +74,23 @@ def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, trace
     ``max_iterations``: the most rewrites before :class:`fxrules.RewriteLoopError`
     (default 10,000 + 10 per node). ``allow_imports`` and ``config`` are :func:`load_rules`'s, for paths.
 
-    The input is never modified; on any error (RewriteError, RewriteLoopError, ModelError)
-    it is exactly as it was.
-    """
-    from fxrules.engine.driver import run_apply
+    By default the input is never modified: the result is a new module, and on any error
+    (RewriteError, RewriteLoopError, ModelError) the input is exactly as it was.
 
+    ``inplace=True`` (a GraphModule only; ModelError otherwise): the GraphModule itself is rewritten
+    and recompiled, as torch.fx passes do, and is the result's ``module``: no copy of the graph, no new
+    module tree (faster, less memory), modules the rewrite left unused deleted from it. It is still
+    all or nothing: every edit is journaled first, and on any error, a KeyboardInterrupt included,
+    the journal puts the module back exactly as it was (nodes, names, arguments, metadata, submodules,
+    parameters, buffers, code). The report is the one a copying run gives. See docs/api.md.
+    """
+    from fxrules.engine.driver import COPYING, IN_PLACE, run_apply
+
+    destination = IN_PLACE if inplace else COPYING  # chosen once: the engine runs either strategy whole
     with entered():
         return run_apply(model, as_rule_set(rules, allow_imports, config), example_inputs=example_inputs,
-                         max_iterations=max_iterations, tracer=tracer, concrete_args=concrete_args)
+                         max_iterations=max_iterations, tracer=tracer, concrete_args=concrete_args,
+                         destination=destination)
 
 
 def find_matches(model, rules, *, example_inputs=None, tracer=None, concrete_args=None,

@@ -55,11 +55,12 @@ class RulePass(PassBase):
     read it (graphs from ``torch.export`` carry it already). ``max_iterations``: as in
     :func:`fxrules.apply_rules`.
 
-    ``call(graph_module)`` returns ``PassResult(new_module, modified)``: the input module is
-    left untouched (the rewrite is transactional), ``modified`` is True when at least one rule
-    fired; when none did, the input module itself is returned. Errors
-    (:class:`fxrules.RewriteError`, :class:`fxrules.ModelError`, ...) propagate; the input is
-    unchanged. Each run's :class:`fxrules.Report` is appended to ``reports``.
+    ``call(graph_module)`` rewrites ``graph_module`` in place, as torch.fx passes do
+    (``apply_rules(..., inplace=True)``: no copy of the graph, no new module tree) and returns
+    ``PassResult(graph_module, modified)``, ``modified`` being True when at least one rule fired.
+    It is still all or nothing: errors (:class:`fxrules.RewriteError`, :class:`fxrules.ModelError`,
+    ...) propagate with the module rolled back exactly as it was. Each run's :class:`fxrules.Report`
+    is appended to ``reports``.
     """
 
     def __init__(self, rules: Union[RuleSet, str, Any], *, example_inputs: Optional[tuple] = None,
@@ -73,11 +74,9 @@ class RulePass(PassBase):
 
     def call(self, graph_module: fx.GraphModule) -> PassResult:
         result = apply_rules(graph_module, self.rules, example_inputs=self.example_inputs,
-                             max_iterations=self.max_iterations)
+                             max_iterations=self.max_iterations, inplace=True)
         self.reports.append(result.report)
-        if not result.report.applied:
-            return PassResult(graph_module, False)
-        return PassResult(result.module, True)
+        return PassResult(graph_module, bool(result.report.applied))
 
     @property
     def counts(self) -> dict[str, int]:

@@ -11,9 +11,26 @@ run = pytest.importorskip("benchmarks.run")
 
 def test_smoke_run_checks_every_tool_agrees(capsys):
     status = run.main(["--smoke", "--workloads", "relu_relu,linear_gelu_dropout,double_transpose,conv_bn",
-                       "--tools", "fxrules,inductor,floor", "--parse", "", "--no-memory", "--no-warmup",
+                       "--tools", "fxrules,inplace,inductor,floor", "--parse", "", "--no-memory", "--no-warmup",
                        "--no-breakdown"])
     out = capsys.readouterr().out
     assert status == 0, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "| ok |" in line]
     assert len(rows) == 4, out
+    for row in rows:  # both modes of fxrules made the same rewrites as inductor
+        cells = [c.strip() for c in row.split("|")]
+        fx, ip, rp, ind = cells[-3].split("/")
+        assert fx == ip == ind and rp == "-", row
+    goals = out[out.index("Issue 17's goals"):]
+    goal_rows = [line for line in goals.splitlines() if line.startswith("| ") and line[2:].split(" |")[0] in
+                 ("relu_relu", "linear_gelu_dropout", "double_transpose", "conv_bn")]
+    assert len(goal_rows) == 4, goals
+    assert all(("ok" in row or "MISS" in row) for row in goal_rows), goals
+
+
+def test_goal_cells_say_whether_the_ratio_meets_the_bound():
+    assert run._goal(1.1, 1.0, 1.0, True) == "1.10x ok"
+    assert run._goal(0.9, 1.0, 1.0, True) == "0.90x MISS"
+    assert run._goal(1.2, 1.0, 1.15, False) == "1.20x MISS"
+    assert run._goal(1.1, 1.0, 1.15, False) == "1.10x ok"
+    assert run._goal(None, 1.0, 1.0, True) == "-"

@@ -18,7 +18,8 @@ import itertools
 import threading
 import time
 from collections import Counter
-from typing import Any, Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Union
 
 import torch
 from torch import fx, nn
@@ -34,7 +35,7 @@ from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report
 from fxrules.lang.ruleset import RuleSet
 from fxrules.engine.budget import Budget, RealRunGuard, Unsized
 from fxrules.engine.errors import AllocationRefused, ModelError, RewriteError, RewriteLoopError
-from fxrules.engine.transaction import Workpiece, apply_match, copy_graph, refusal_before_edit
+from fxrules.engine.transaction import Journal, Workpiece, apply_match, copy_graph, refusal_before_edit
 
 
 # ---------------------------------------------------------------------------
@@ -63,6 +64,27 @@ def prepare(model: Any, *, tracer: Optional[fx.Tracer] = None, concrete_args: Op
     if example_inputs is not None and not work.has_values:
         with torch.enable_grad():  # requires_grad in the values, for the guards (the real fallback runs without)
             propagate_values(work, tuple(example_inputs))
+        work.tracks_grad = any(fxaccess.is_fake_tensor(n.meta.get("val")) for n in work.graph.find_nodes(op="placeholder"))
+    return work
+
+
+def prepare_in_place(model: Any, *, example_inputs: Optional[tuple] = None) -> Workpiece:
+    """A workpiece on ``model``'s own graph (a GraphModule), every edit journaled; metadata from
+    ``example_inputs`` is written into its nodes (and undone with the rest on a failure)."""
+    if not isinstance(model, fx.GraphModule):
+        kind = "an ExportedProgram" if isinstance(model, torch.export.ExportedProgram) else \
+            f"a {type(model).__name__}" if isinstance(model, nn.Module) else f"{type(model).__name__}"
+        raise ModelError(f"inplace=True rewrites the torch.fx.GraphModule it is given; {kind} is not one "
+                         f"(it would be traced or unlifted into a new module first): pass a GraphModule, or "
+                         f"leave inplace off")
+    work = Workpiece(model.graph, model, class_name=type(model).__name__, journal=Journal(model.graph))
+    if example_inputs is not None and not work.has_values:
+        try:
+            with torch.enable_grad():
+                propagate_values(work, tuple(example_inputs))
+        except BaseException:
+            work.journal.rollback()
+            raise
         work.tracks_grad = any(fxaccess.is_fake_tensor(n.meta.get("val")) for n in work.graph.find_nodes(op="placeholder"))
     return work
 
@@ -132,7 +154,7 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
                     self.fetch_attr(n.target)
                 with self.guard:
                     result = super().run_node(n)
-            n.meta["val"] = _as_meta(result) if real else result
+            work.meta_of(n)["val"] = _as_meta(result) if real else result
             return result
 
     real = False
@@ -384,20 +406,61 @@ def count_nodes(graph: fx.Graph) -> int:
     return len(graph.nodes)
 
 
+@dataclass(frozen=True, slots=True)
+class Copying:
+    """Where a run's result goes by default: a new GraphModule around a copy of the graph; the
+    caller's model is never written, and a failed run just drops its copy."""
+
+    def prepare(self, model: Any, *, example_inputs, tracer, concrete_args) -> Workpiece:
+        return prepare(model, tracer=tracer, concrete_args=concrete_args, example_inputs=example_inputs)
+
+    def commit(self, work: Workpiece) -> fx.GraphModule:
+        return work.commit()
+
+    def abandon(self, work: Workpiece) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class InPlace:
+    """The caller's GraphModule itself, edited under an undo log (:class:`fxrules.engine.transaction.Journal`)
+    and recompiled; a failed run, recompile included, is rolled back."""
+
+    def prepare(self, model: Any, *, example_inputs, tracer, concrete_args) -> Workpiece:
+        if tracer is not None or concrete_args is not None:
+            raise ModelError("inplace=True rewrites a GraphModule as it is: tracer and concrete_args do not apply")
+        return prepare_in_place(model, example_inputs=example_inputs)
+
+    def commit(self, work: Workpiece) -> fx.GraphModule:
+        return work.commit_in_place()
+
+    def abandon(self, work: Workpiece) -> None:
+        work.journal.rollback()
+
+
+COPYING = Copying()
+IN_PLACE = InPlace()
+Destination = Union[Copying, InPlace]
+
+
 def run_apply(model: Any, rule_set: RuleSet, *, example_inputs=None, max_iterations: Optional[int] = None,
-              tracer=None, concrete_args=None) -> RewriteResult:
+              tracer=None, concrete_args=None, destination: Destination = COPYING) -> RewriteResult:
     start = time.perf_counter()
-    work = prepare(model, tracer=tracer, concrete_args=concrete_args, example_inputs=example_inputs)
-    before = count_nodes(work.graph)
-    session = _Session(work, rule_set)
-    limit = max_iterations if max_iterations is not None else 10_000 + 10 * before
-    applied, rejected = session.rewrite(limit)
+    work = destination.prepare(model, example_inputs=example_inputs, tracer=tracer, concrete_args=concrete_args)
     try:
-        module = work.commit()
-    except FxrulesError:
+        before = count_nodes(work.graph)
+        session = _Session(work, rule_set)
+        limit = max_iterations if max_iterations is not None else 10_000 + 10 * before
+        applied, rejected = session.rewrite(limit)
+        try:
+            module = destination.commit(work)
+        except FxrulesError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"the rewritten graph does not compile: {type(exc).__name__}: {exc}") from exc
+    except BaseException:  # KeyboardInterrupt too: the caller's model goes back as it was
+        destination.abandon(work)
         raise
-    except Exception as exc:
-        raise ModelError(f"the rewritten graph does not compile: {type(exc).__name__}: {exc}") from exc
     report = Report(tuple(applied), tuple(rejected), before, count_nodes(module.graph),
                     time.perf_counter() - start, tuple(work.notes))
     return RewriteResult(module, report, report.counts)

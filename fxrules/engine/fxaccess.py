@@ -29,8 +29,9 @@ import contextlib
 import copy
 import logging
 import re
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import torch
 from torch import fx, nn
@@ -675,10 +676,13 @@ _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_gl
 
 def global_hook_kinds() -> list:
     """The kinds of hook registered for every module (``torch.nn.modules.module.register_module_forward_hook``
-    and its siblings): ``forward_hooks``, ``forward_pre_hooks``, ``backward_hooks``, ``backward_pre_hooks``."""
-    from torch.nn.modules import module as _module
+    and its siblings): ``forward_hooks``, ``forward_pre_hooks``, ``backward_hooks``, ``backward_pre_hooks``.
+    Asked by the planner for every match: the common answer (none) is four lookups."""
+    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(_NN_MODULE_MODULE, name, None)]
 
-    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(_module, name, None)]
+
+_NN_MODULE_MODULE = sys.modules["torch.nn.modules.module"]
+"""``torch.nn.modules.module``, where the global module hooks are kept (imported with ``torch.nn``)."""
 
 
 TENSOR_METHOD_OWNERS = (torch.Tensor, torch._C.TensorBase)
@@ -760,3 +764,101 @@ def quiet_meta_failures() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(_META_FAILURES)
+
+
+# ---------------------------------------------------------------------------
+# Undoing edits of a graph (apply_rules(..., inplace=True)): no public equivalent
+# ---------------------------------------------------------------------------
+# torch.fx has no public way to put an erased node back, or to give a node back its users in their
+# old order: an in-place rewrite that fails restores what it changed through these. The undo is
+# checked to be exact (tests/engine/test_inplace.py); a torch release that changes these members
+# fails there.
+
+
+class NodeState(NamedTuple):
+    """Where a node the graph had before stands: its arguments (and the input nodes they name), its
+    users in order, and its position key. (A named tuple: one is made per node an in-place edit
+    reaches, on the rewrite's hot path, and it builds several times faster than a frozen dataclass.)"""
+
+    args: tuple
+    kwargs: Any
+    inputs: dict
+    users: dict
+    sort_key: Any
+
+
+def node_state(node: fx.Node, without_user: Optional[fx.Node] = None) -> NodeState:
+    """``node``'s state now; ``without_user``: a node just created that reads ``node`` (its entry is
+    the last of ``node``'s users), left out, which gives the state before it was created."""
+    users = dict(node.users)
+    if without_user is not None:
+        users.pop(without_user, None)
+    return NodeState(node._args, node._kwargs, dict(node._input_nodes), users, node._sort_key)
+
+
+def restore_node_state(node: fx.Node, state: NodeState) -> None:
+    """Give ``node`` back ``state``, keeping its own dictionaries (``users``, ``_input_nodes``) as objects."""
+    setattr_ = object.__setattr__
+    setattr_(node, "_args", state.args)
+    setattr_(node, "_kwargs", state.kwargs)
+    setattr_(node, "_sort_key", state.sort_key)
+    inputs, users = node._input_nodes, node.users
+    inputs.clear()
+    inputs.update(state.inputs)
+    users.clear()
+    users.update(state.users)
+
+
+def unlink_created_node(graph: fx.Graph, node: fx.Node) -> None:
+    """Take ``node``, made by the edits being undone, out of ``graph``: out of its node list (unless
+    erased already), its lookup table and its name table. Other nodes' users are restored apart."""
+    if not node._erased:
+        graph._find_nodes_lookup_table.remove(node)
+        node._remove_from_list()
+        object.__setattr__(node, "_erased", True)
+        graph._len -= 1
+    namespace = graph._graph_namespace
+    namespace._obj_to_name.pop(node, None)
+    namespace._used_names.discard(node.name)
+
+
+def relink_erased_node(graph: fx.Graph, node: fx.Node, after: fx.Node) -> None:
+    """Put ``node``, erased by the edits being undone, back into ``graph`` right after ``after`` (the
+    graph's root sentinel for the first place); its arguments and users are restored apart."""
+    setattr_ = object.__setattr__
+    setattr_(node, "_prev", node)  # erasing left the old neighbours here: unlinking must not touch them
+    setattr_(node, "_next", node)
+    after._next._prepend(node)
+    setattr_(node, "_erased", False)
+    graph._len += 1
+    graph._find_nodes_lookup_table.insert(node)
+
+
+def graph_root(graph: fx.Graph) -> fx.Node:
+    """The sentinel node before the first node of ``graph``."""
+    return graph._root
+
+
+def name_counters(graph: fx.Graph) -> dict:
+    """The per-base-name counters of ``graph``'s name table (to be given back with
+    :func:`restore_name_counters`)."""
+    return dict(graph._graph_namespace._base_count)
+
+
+def restore_name_counters(graph: fx.Graph, counters: dict) -> None:
+    store = graph._graph_namespace._base_count
+    store.clear()
+    store.update(counters)
+
+
+def module_stores(module: nn.Module) -> tuple:
+    """The dictionaries in which ``module`` keeps its submodules, parameters and buffers, and its
+    instance dictionary: what placing or removing a member changes."""
+    return module._modules, module._parameters, module._buffers, module.__dict__
+
+
+GRAPH_MODULE_CODE = ("_code", "_lineno_map", "_prologue_start", "_in_spec", "_out_spec")
+"""The instance attributes ``GraphModule.recompile`` sets."""
+
+GRAPH_MODULE_CLASS_CODE = ("forward", "__call__", "_wrapped_call")
+"""The attributes ``GraphModule.recompile`` sets on the module's own class."""

@@ -81,6 +81,7 @@ class Effects:
         self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
         self._known_classes: dict = {}  # module class -> whether it computes as a torch.nn class
         self._programs: dict = {}  # id(program) -> (program, its replacement calls)
+        self.call_aliases: dict = {}  # id(RCall) -> (RCall, whether its result may alias), where static
         self._storages: Optional[tuple] = None  # (graph, storage keys its nodes write through their inputs)
         self._module_keys: dict = {}  # call_module node -> (its module, storage keys the call writes itself)
         # (graph, {call_module node: its entry}) for the nodes whose calls write something: built by one
@@ -887,15 +888,26 @@ def _template_may_alias(item: Any, match: Match, effects: Effects) -> bool:
     return call_may_alias(item, match, effects)
 
 
+def _function_result_may_alias(target: Any) -> bool:
+    if fxaccess.is_op_overload(target):
+        return aliasing.op_result_may_alias(target)
+    return aliasing.function_kind(target) != aliasing.FRESH_KIND
+
+
 def call_may_alias(call: RCall, match: Match, effects: Effects) -> bool:
     """Whether the result of one replacement call may share storage with one of its arguments."""
     if call.op == "call_function":
+        if call.args is not None and not any(name in ("inplace", "out") for name, _ in call.kwargs):
+            # no `inplace=`/`out=` in the template: the answer is the target's alone, remembered per
+            # call for the run (asked for every match of every rule: 3% of a run at 5,000 nodes)
+            known = effects.call_aliases.get(id(call))
+            if known is None or known[0] is not call:
+                known = effects.call_aliases[id(call)] = (call, _function_result_may_alias(call.target))
+            return known[1]
         args, kwargs = _template_function_args(call, match)
         if kwargs.get("inplace") is True or "out" in kwargs:
             return True
-        if fxaccess.is_op_overload(call.target):
-            return aliasing.op_result_may_alias(call.target)
-        return aliasing.function_kind(call.target) != aliasing.FRESH_KIND
+        return _function_result_may_alias(call.target)
     if call.op == "call_method":
         name = call.target
         return not aliasing.method_is_known(name) or name in aliasing.VIEW_METHODS \
@@ -938,7 +950,13 @@ def _template_written(call: RCall, match: Match, effects: Effects) -> Any:
                         return args[i]
                     return dict(call.kwargs).get(argument.name)
             return None
-        if _function_writes(target) == _WRITES_FIRST:
+        try:  # the kind per target, remembered for the run as for the graph's own nodes
+            kind = effects._writes.get(target)
+            if kind is None:
+                kind = effects._writes[target] = _function_writes(target)
+        except TypeError:  # an unhashable target
+            kind = _function_writes(target)
+        if kind == _WRITES_FIRST:
             return first
         kwargs = dict(call.kwargs) if args is not None else dict(match.roots[call.root_index].kwargs)
         inplace = kwargs.get("inplace")

@@ -1,16 +1,24 @@
-"""Edit a copy, never the caller's model; commit by building one new GraphModule at the end.
+"""Edit a copy, or the caller's GraphModule under an undo log; all or nothing either way.
 
-A :class:`Workpiece` holds the graph being rewritten (a copy, or a fresh trace),
-a read-only view of the caller's module hierarchy, and an overlay of the
-modules the rewrite creates. Nothing of the caller's model is ever written:
-the result is assembled once, in :meth:`Workpiece.commit`, as a new
-``GraphModule`` that references exactly the modules, parameters and buffers
-its graph uses (so nothing the rewrite made unused is left behind), compiled
-once. If anything fails before that, the workpiece is dropped and the caller's
-model is as it was.
+A :class:`Workpiece` holds the graph being rewritten, a read-only view of the
+caller's module hierarchy until the commit, and an overlay of the modules the
+rewrite creates. Two ways to use it, chosen once per run by the driver:
 
-Leaf modules and parameters that the rewrite keeps are shared with the input,
-as ``torch.fx.symbolic_trace`` shares them with the traced model.
+- **copying** (the default): the graph is a copy (or a fresh trace), and
+  nothing of the caller's model is ever written. The result is assembled once,
+  in :meth:`Workpiece.commit`, as a new ``GraphModule`` that references exactly
+  the modules, parameters and buffers its graph uses (so nothing the rewrite
+  made unused is left behind), compiled once. If anything fails before that,
+  the workpiece is dropped and the caller's model is as it was. Leaf modules
+  and parameters that the rewrite keeps are shared with the input, as
+  ``torch.fx.symbolic_trace`` shares them with the traced model.
+- **in place** (``apply_rules(..., inplace=True)``): the graph is the caller's
+  GraphModule's own, and every edit first records, in a :class:`Journal`, the
+  state it is about to change (per node, once: its arguments, users, metadata;
+  per module dictionary, once: its items). :meth:`Workpiece.commit_in_place`
+  puts the new modules into the caller's module, deletes the ones the rewrite
+  left unused and recompiles it. On any failure, up to and including that
+  recompile, :meth:`Journal.rollback` gives everything back as it was.
 """
 
 from __future__ import annotations
@@ -45,12 +53,152 @@ def copy_graph(graph: fx.Graph) -> fx.Graph:
     return fxaccess.copy_graph(graph)
 
 
+class Unrecorded:
+    """The journal of a copying run: records nothing (the caller's model is never edited; a failed
+    run drops its copy). Every edit of the workpiece calls the same methods as on a :class:`Journal`."""
+
+    __slots__ = ()
+
+    def touch(self, node: fx.Node) -> None:
+        pass
+
+    def creating(self) -> None:
+        pass
+
+    def created(self, node: fx.Node) -> None:
+        pass
+
+    def replacing(self, root: fx.Node, value: fx.Node) -> None:
+        pass
+
+    def erasing(self, node: fx.Node) -> None:
+        pass
+
+    def meta_of(self, node: fx.Node) -> dict:
+        return node.meta
+
+
+UNRECORDED = Unrecorded()
+
+
+class Journal:
+    """The undo log of an in-place run: the state of everything the run changes, saved just before
+    its first change (not a copy of the model: a node's state is saved when an edit first reaches
+    it, a module dictionary's items when one is first written).
+
+    :meth:`rollback` undoes the run: nodes it created leave the graph and its name table, nodes it
+    erased go back in their places, every saved node gets back its arguments, users (in their
+    order) and position key, and metadata (the same dictionary, its old items), every saved module
+    dictionary its items in their order, and the module its code (``recompile``'s attributes)."""
+
+    def __init__(self, graph: fx.Graph):
+        self.graph = graph
+        self.saved: dict = {}  # node -> fxaccess.NodeState before this run first changed it
+        self.metas: dict = {}  # node -> a copy of its meta before this run first wrote it
+        self.made: dict = {}  # the nodes this run created, in order (a dict as an ordered set)
+        self.erased: list = []  # (node, the node it came after), in the order the graph's own nodes were erased
+        self.unused: dict = {}  # targets of the graph's own call_module/get_attr nodes that were erased
+        self.counters: Optional[dict] = None  # the name table's counters before the first node was created
+        self.stores: dict = {}  # id(dict) -> (the dict, its items before this run first wrote it)
+        self.class_code: Optional[tuple] = None  # (class, {name: value or _ABSENT}) before the recompile
+
+    def touch(self, node: fx.Node) -> None:
+        """Before an edit changes ``node`` (a node the graph had before this run)."""
+        if node not in self.saved and node not in self.made:
+            self.saved[node] = fxaccess.node_state(node)
+
+    def creating(self) -> None:
+        """Before a node is created."""
+        if self.counters is None:
+            self.counters = fxaccess.name_counters(self.graph)
+
+    def created(self, node: fx.Node) -> None:
+        """After ``node`` was created: its inputs gained it as a user."""
+        self.made[node] = None
+        saved, made = self.saved, self.made
+        for used in node.all_input_nodes:
+            if used not in saved and used not in made:
+                saved[used] = fxaccess.node_state(used, without_user=node)
+
+    def replacing(self, root: fx.Node, value: fx.Node) -> None:
+        """Before ``root``'s uses are replaced by ``value``."""
+        self.touch(root)
+        self.touch(value)
+        for user in root.users:
+            self.touch(user)
+
+    def erasing(self, node: fx.Node) -> None:
+        """Before ``node`` is erased: its inputs lose it as a user; a node the graph had goes back
+        after the nearest node before it that this run did not create."""
+        for used in node.all_input_nodes:
+            self.touch(used)
+        if node in self.made:
+            return
+        self.touch(node)
+        after = node.prev
+        while after in self.made:
+            after = after.prev
+        self.erased.append((node, after))
+        if node.op in ("call_module", "get_attr") and isinstance(node.target, str):
+            self.unused[node.target] = None
+
+    def meta_of(self, node: fx.Node) -> dict:
+        """``node``'s metadata, to be written."""
+        meta = node.meta
+        if node not in self.metas and node not in self.made:
+            self.metas[node] = dict(meta)
+        return meta
+
+    def store(self, items: dict) -> dict:
+        """``items`` (a module's dictionary), to be written."""
+        if id(items) not in self.stores:
+            self.stores[id(items)] = (items, dict(items))
+        return items
+
+    def recompiling(self, module: fx.GraphModule) -> None:
+        """Before ``module.recompile()``: what it sets on the module and on its class."""
+        self.store(fxaccess.module_stores(module)[3])
+        cls = type(module)
+        self.class_code = (cls, {name: vars(cls).get(name, _ABSENT) for name in fxaccess.GRAPH_MODULE_CLASS_CODE})
+
+    def rollback(self) -> None:
+        graph = self.graph
+        for node in reversed(self.made):
+            fxaccess.unlink_created_node(graph, node)
+        if self.counters is not None:
+            fxaccess.restore_name_counters(graph, self.counters)
+        for node, after in reversed(self.erased):
+            fxaccess.relink_erased_node(graph, node, after)
+        for node, state in self.saved.items():
+            fxaccess.restore_node_state(node, state)
+        for node, meta in self.metas.items():
+            mine = node.meta
+            mine.clear()
+            mine.update(meta)
+        for items, before in self.stores.values():
+            items.clear()
+            items.update(before)
+        if self.class_code is not None:
+            cls, values = self.class_code
+            for name, value in values.items():
+                if value is _ABSENT:
+                    if name in vars(cls):
+                        delattr(cls, name)
+                else:
+                    setattr(cls, name, value)
+
+
+_ABSENT = object()
+
+
 class Workpiece:
-    """The graph being rewritten and the modules it refers to."""
+    """The graph being rewritten and the modules it refers to; every edit goes through its journal
+    (:data:`UNRECORDED` for a copy, a :class:`Journal` for the caller's own graph)."""
 
     def __init__(self, graph: fx.Graph, root: nn.Module, *, class_name: str, donor: Optional[nn.Module] = None,
-                 extra_attrs: Optional[dict] = None):
+                 extra_attrs: Optional[dict] = None, journal: "Unrecorded | Journal" = UNRECORDED):
         self.graph = graph
+        self.journal = journal
         self.root = root  # read only
         self.class_name = class_name
         self.donor = donor
@@ -80,7 +228,26 @@ class Workpiece:
     def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
         """A node at the graph's insert point: what ``Graph.create_node`` makes, with the same name
         (faster: :func:`fxrules.engine.fxaccess.create_node_fast`)."""
-        return fxaccess.create_node(self.graph, op, target, args, kwargs, self._node_names)
+        journal = self.journal
+        journal.creating()
+        node = fxaccess.create_node(self.graph, op, target, args, kwargs, self._node_names)
+        journal.created(node)
+        return node
+
+    def replace_uses(self, root: fx.Node, value: fx.Node) -> None:
+        """Every use of ``root`` becomes a use of ``value``."""
+        self.journal.replacing(root, value)
+        root.replace_all_uses_with(value)
+
+    def erase(self, node: fx.Node) -> None:
+        """Erase ``node`` (it has no users left)."""
+        self.journal.erasing(node)
+        self.graph.erase_node(node)
+        self.erased(node)
+
+    def meta_of(self, node: fx.Node) -> dict:
+        """``node.meta``, to be written."""
+        return self.journal.meta_of(node)
 
     # -- lookups ---------------------------------------------------------------
     def fake_mode(self) -> Any:
@@ -227,6 +394,78 @@ class Workpiece:
         if self.donor is not None:
             _carry_state(self.donor, module)
         return module
+
+
+    def commit_in_place(self) -> fx.GraphModule:
+        """Check what changed, put the modules the graph now calls into the caller's module (its
+        own, :attr:`root`), delete those the rewrite left unused, and recompile it: every write
+        recorded in the journal first, so that a failure here too is undone by the caller."""
+        journal = self.journal
+        module = self.root
+        self.check_changed()
+        for target, made in self.new_modules.items():
+            if self.callers_of(target) or self.reads_inside(target):
+                _put_at(module, target, made, journal, self.training)
+        if journal.unused:
+            _delete_unused(module, self.modules, self.graph, journal)
+        journal.recompiling(module)
+        with fxaccess.quiet_lookup_table(self.graph):
+            module.recompile()
+        return module
+
+
+def _put_at(root: nn.Module, target: str, module: nn.Module, journal: Journal, training: bool) -> None:
+    """Register ``module`` at the dotted ``target`` below ``root`` (replacing a module there), with
+    the containers missing on the way (``GraphModule.add_submodule``'s way), each write journaled."""
+    parent = root
+    path, _, field = target.rpartition(".")
+    for item in path.split(".") if path else ():
+        child = fxaccess.child(parent, item)
+        if child is None:
+            if fxaccess.holds_non_module(parent, item):
+                raise ModelError(f"cannot place `{target}`: `{item}` on its path is not a module")
+            child = nn.Module()
+            child.training = training
+            journal.store(fxaccess.module_stores(parent)[0])
+            fxaccess.put_child(parent, item, child)
+        parent = child
+    if fxaccess.holds_non_module(parent, field):
+        raise ModelError(f"cannot place `{target}`: the model has a value that is not a module there")
+    journal.store(fxaccess.module_stores(parent)[0])
+    fxaccess.put_child(parent, field, module)
+
+
+def _delete_unused(root: nn.Module, modules: dict, graph: fx.Graph, journal: Journal) -> None:
+    """Delete the submodules, parameters and buffers that erased nodes called or read and no node
+    of ``graph`` uses any more: neither that target, nor one inside it, nor a module around it.
+    ``modules``: ``root``'s modules by path, as the run found them."""
+    used: set = set()  # call_module and get_attr targets
+    around: set = set()  # the modules around them
+    for op in ("call_module", "get_attr"):
+        for node in graph.find_nodes(op=op, sort=False):
+            target = node.target
+            if isinstance(target, str):
+                used.add(target)
+                while "." in target:
+                    target = target.rpartition(".")[0]
+                    around.add(target)
+    for target in sorted(journal.unused, key=lambda t: -t.count(".")):  # the innermost first
+        if target in used or target in around:
+            continue
+        path, _, field = target.rpartition(".")
+        prefix, inside_used = path, False
+        while prefix:
+            if prefix in used:
+                inside_used = True
+                break
+            prefix = prefix.rpartition(".")[0]
+        parent = modules.get(path) if path else root
+        if inside_used or parent is None:
+            continue
+        for items in fxaccess.module_stores(parent)[:3]:
+            if field in items:
+                del journal.store(items)[field]
+                break
 
 
 def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[dict] = None) -> fx.GraphModule:
@@ -530,7 +769,7 @@ class _ReplacementWriter:
         return value
 
     def inherit_meta(self, node: fx.Node, root: fx.Node) -> None:
-        source, meta = root.meta, node.meta
+        source, meta = root.meta, self.work.meta_of(node)
         if source:
             for key in _INHERITED_META:
                 if key in source:
@@ -584,9 +823,9 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     for root, value in zip(match.roots, new_values):
         if isinstance(value, fx.Node) and value is not root:
             if work.has_values and "val" not in value.meta and "val" in root.meta:
-                value.meta["val"] = root.meta["val"]
+                work.meta_of(value)["val"] = root.meta["val"]
             touched.update(root.users)
-            root.replace_all_uses_with(value)
+            work.replace_uses(root, value)
             touched.add(value)
     matched_names = tuple(n.name for n in match.roots) + tuple(
         n.name for n in match.bindings.nodes if n not in match.roots)
@@ -607,7 +846,6 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
 
     ``checked``: nodes already known to have no side effect (the planner refuses a match with an
     effectful node), so they are not asked again."""
-    graph = work.graph
     stack = sorted(set(candidates))  # pop() takes the latest node first: users before producers
     survivors: set = set()
     seen: set = set()
@@ -620,8 +858,7 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
             continue
         seen.add(node)
         inputs = list(node.all_input_nodes)
-        graph.erase_node(node)
-        work.erased(node)
+        work.erase(node)
         for inp in inputs:
             if not inp.users and inp.op not in ("placeholder", "output") \
                     and (inp in checked or work.effects.side_effect(inp) is None):
