@@ -135,6 +135,10 @@ class Resolver:
         self._looked: dict[str, Resolution] = {}
         self._lock = threading.Lock()
 
+    def __reduce__(self):
+        """Pickled as its policy (the caches and lock are per process): rule sets go to verify's workers."""
+        return (Resolver, (tuple(sorted(self.allow_imports)),))
+
     def allowed(self, path: str) -> bool:
         """Whether ``path`` is inside an allowed root or an allowed package."""
         if path.split(".", 1)[0] in ALLOWED_ROOTS:
