@@ -188,5 +188,5 @@ def look_up(path: str) -> Optional[Facts]:
 
 
 def tensor_has(name: str) -> bool:
-    """Whether the index knows ``torch.Tensor`` has the attribute ``name`` (False: it cannot say)."""
+    """Whether the index knows ``torch.Tensor`` has the public attribute ``name`` (False: it cannot say)."""
     return answers() and name in _data().TENSOR_ATTRIBUTES

@@ -114,7 +114,9 @@ def torch_index_text() -> str:
             classes[path] = facts.constructor_data()
         else:
             by_kind[facts.kind].append(path)
-    tensor = sorted(dir(torch.Tensor))
+    # public names only: dir() of the class grows as a process runs (copyreg adds __slotnames__ when a
+    # tensor is first pickled), and a private method is refused anyway (a miss: resolved live)
+    tensor = sorted(n for n in dir(torch.Tensor) if not n.startswith("_"))
     parts = [f'"""What the checker needs to know of the names rule files may use: {_GENERATED}.\n\n'
              f"Made from torch {torch.__version__}; read by fxrules.lang.torch_index without torch, and only\n"
              f"while the installed torch has this version.\n"
