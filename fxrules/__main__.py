@@ -4,4 +4,5 @@ import sys
 
 from fxrules.tools.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not when a spawned worker of `verify -j N` imports this as its main module
+    sys.exit(main())

@@ -13,6 +13,10 @@ failure names the rule, and ``pytest -k fold_conv2d_bn`` runs one. A failing rul
 its test with the verdict: grade, broken examples, and the shrunk counterexample with
 hypothesis' reproduce line. Rule files are loaded once, when the cases are collected;
 a bad rule file fails collection with its diagnostics (file:line:col).
+
+The cases run under pytest-xdist, the standard distributed runner (``pytest -n 4``, or ``-n auto``;
+docs/verify.md): each worker collects the same cases, with the same ids, and verifies its share.
+``fxrules verify -j N`` does the same without pytest.
 """
 
 from __future__ import annotations

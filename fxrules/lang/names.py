@@ -7,7 +7,10 @@ allows explicitly), and names that execute code or touch the system are refused
 even then. The checker and the engine both resolve through :class:`Resolver`.
 
 Resolution never imports torch eagerly: ``fxrules check`` works without torch;
-when torch is importable, names under it are checked against it.
+when torch is importable, names under it are checked against it. The checker asks
+:meth:`Resolver.look_up`, which the shipped torch index (:mod:`fxrules.lang.torch_index`) answers
+without importing torch for every name the allow-list permits; the engine asks :meth:`Resolver.resolve`
+for the objects themselves.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import importlib
 import importlib.util
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional
 
+from fxrules.lang import torch_index
 from fxrules.lang.allowlist import packages_of
+from fxrules.lang.torch_index import Facts
 
 BUILTIN_ALIASES: Mapping[str, str] = {
     "torch": "torch",
@@ -102,13 +107,15 @@ class Resolution:
     ``status``: ``ok`` (``value`` holds the object), ``unavailable`` (its root
     module, torch, is not installed: nothing can be said), or an error code
     (``unknown-target``, ``import-not-allowed``, ``forbidden-target``,
-    ``unknown-alias``, ``not-allowed``) with ``message``.
+    ``unknown-alias``, ``not-allowed``) with ``message``. ``facts``: what an ``ok`` name is, set by
+    :meth:`Resolver.look_up` (whose answers from the torch index have no ``value``).
     """
 
     status: str
     path: str
     value: Any = None
     message: str = ""
+    facts: Optional[Facts] = None
 
     @property
     def ok(self) -> bool:
@@ -142,7 +149,12 @@ class Resolver:
         """The user's packages the allow-list trusts (fxrules.lang.allowlist): allow-imports minus the roots
         fxrules decides by its table, so `--allow-import torch` does not open torch."""
         self._cache: dict[str, Resolution] = {}
+        self._looked: dict[str, Resolution] = {}
         self._lock = threading.Lock()
+
+    def __reduce__(self):
+        """Pickled as its policy (the caches and lock are per process): rule sets go to verify's workers."""
+        return (Resolver, (tuple(sorted(self.allow_imports)),))
 
     def allowed(self, path: str) -> bool:
         """Whether ``path`` is inside an allowed root or an allowed package."""
@@ -162,6 +174,25 @@ class Resolver:
         result = self._resolve(path)
         with self._lock:
             self._cache[path] = result
+        return result
+
+    def look_up(self, path: str) -> Resolution:
+        """What the checker needs of a name: its status and, when ``ok``, its ``facts`` (no ``value``
+        when the torch index answered). The index answers, without importing anything, for the names
+        it holds while the installed torch is the one it was made from; any other name is resolved."""
+        with self._lock:
+            cached = self._looked.get(path)
+        if cached is not None:
+            return cached
+        facts = None if is_forbidden(path) else torch_index.look_up(path)
+        if facts is not None:
+            result = Resolution("ok", path, facts=facts)
+        else:
+            result = self.resolve(path)
+            if result.ok:
+                result = replace(result, facts=torch_index.describe(result.value))
+        with self._lock:
+            self._looked[path] = result
         return result
 
     def _resolve(self, path: str) -> Resolution:

@@ -316,29 +316,145 @@ class Tables(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def tables() -> Tables:
-    """The tables :func:`parse_direct` and :func:`parse_lark` run on, with :func:`fxrules.lang.reductions.reduction`
-    as each grammar rule's reduction (None for a unit rule of one symbol, whose value is its
-    symbol's: then only the state changes). Raises if this Lark is not laid out as expected.
+    """The tables :func:`parse_direct` runs on: the shipped ones (:mod:`fxrules.lang.parse_tables`,
+    made by ``python -m fxrules.tools.indexes``) when they were made from this grammar, so a
+    process that parses only valid files never builds Lark's parser (~0.25 s of a cold
+    ``fxrules check``); else :func:`lark_tables`. The shipped tables have no ``by_rule`` or
+    ``terminals``: Lark's loop runs on :func:`lark_tables` only.
+    """
+    return shipped_tables() or lark_tables()
+
+
+@functools.lru_cache(maxsize=None)
+def lark_tables() -> Tables:
+    """The tables :func:`parse_lark` runs on (and :func:`parse_direct`, when no shipped table fits the
+    grammar), with :func:`fxrules.lang.reductions.reduction` as each grammar rule's reduction (None for
+    a unit rule of one symbol, whose value is its symbol's: then only the state changes). Raises if
+    this Lark is not laid out as expected.
     """
     parser = _get_parser()
     rows, start, end = _lark_rows(parser)
-    for row in rows.values():
-        for entry in row.values():
-            if type(entry) is tuple and entry[1] is None and entry[0] != 1:
-                raise AssertionError(f"rule {entry[2]}: only a rule of one symbol can hand its value up")
+    _check_unit_rules(rows.values())
     table: list = [None] * (max(rows) + 1)
     for state, row in rows.items():
         table[state] = row
     keywords, terminals = _terminals(parser.lexer_conf)
+    return Tables(table, start, end, keywords, frozenset(parser.lexer_conf.ignore), _scanner(terminals), {},
+                  {rule: reduction(rule) for rule in parser.rules},
+                  tuple(terminal.name for terminal in parser.lexer_conf.terminals))
+
+
+def _check_unit_rules(rows) -> None:
+    for row in rows:
+        for entry in row.values():
+            if type(entry) is tuple and entry[1] is None and entry[0] != 1:
+                raise AssertionError(f"rule {entry[2]}: only a rule of one symbol can hand its value up")
+
+
+def _scanner(terminals: list[tuple[str, str]]) -> re.Pattern:
+    """The lexer's alternatives (``_terminals``) as one pattern, NAME and WS first (see _SCAN_FIRST)."""
     ordered = [t for t in terminals if t[0] in _SCAN_FIRST] + [t for t in terminals if t[0] not in _SCAN_FIRST]
     # Each alternative ends in an empty group named after its terminal, so `lastgroup` names it
     # and the alternative itself begins with its first character (see _SCAN_FIRST); a last
     # alternative takes any other character, so the tokens tile the text and a character no
     # terminal takes becomes the token `_UNLEXABLE`, which no parser state accepts.
     pattern = "|".join(f"(?:{regex})(?P<{name}>)" for name, regex in ordered) + r"|(?P<_UNLEXABLE>[\s\S])"
-    return Tables(table, start, end, keywords, frozenset(parser.lexer_conf.ignore), re.compile(pattern), {},
-                  {rule: reduction(rule) for rule in parser.rules},
-                  tuple(terminal.name for terminal in parser.lexer_conf.terminals))
+    return re.compile(pattern)
+
+
+# ---------------------------------------------------------------------------
+# The shipped tables: Lark's LALR table as plain data, made once by the generator
+# ---------------------------------------------------------------------------
+
+
+class SymbolShape(NamedTuple):
+    """A grammar symbol as :func:`fxrules.lang.reductions.reduction` reads it (Lark's ``Symbol``)."""
+
+    name: str
+    is_term: bool
+    filter_out: bool
+
+
+class _Named(NamedTuple):
+    name: str
+
+
+class _Options(NamedTuple):
+    expand1: bool
+
+
+class RuleShape(NamedTuple):
+    """A grammar rule as :func:`fxrules.lang.reductions.reduction` reads it (Lark's ``Rule``): the
+    shipped tables name rules this way, so loading them needs no Lark."""
+
+    origin: _Named
+    expansion: tuple
+    alias: Optional[str]
+    options: _Options
+
+    @classmethod
+    def of(cls, data: tuple) -> "RuleShape":
+        origin, alias, expand1, symbols = data
+        return cls(_Named(origin), tuple(SymbolShape(*s) for s in symbols), alias, _Options(expand1))
+
+
+def table_data() -> dict:
+    """The direct loop's tables as plain data, from Lark's parser for the shipped grammar: what
+    ``python -m fxrules.tools.indexes`` writes to :mod:`fxrules.lang.parse_tables`.
+
+    Lark numbers LALR states in an order that depends on string hashing (it differs between
+    processes), so the states are renumbered canonically (breadth first from the start state,
+    symbols in sorted order) and rules are named by their place in a sorted list: the same
+    grammar always gives the same data, and a test can compare the shipped file with a fresh one.
+    """
+    parser = _get_parser()
+    rows, start, end = _lark_rows(parser)
+    keys = {rule: _rule_data(rule) for rule in parser.rules}
+    rule_list = sorted(set(keys.values()), key=repr)
+    rule_ids = {data: i for i, data in enumerate(rule_list)}
+    order, seen = [start], {start: 0}
+    for state in order:
+        for name in sorted(rows[state]):
+            target = rows[state][name]
+            if type(target) is int and target not in seen:
+                seen[target] = len(order)
+                order.append(target)
+    table = parser.parser.parser.parser.parse_table
+    canonical = []
+    for state in order:
+        row = {}
+        for name, (action, arg) in table.states[state].items():
+            if type(arg) is int:
+                row[str(name)] = seen[arg]
+            else:
+                row[str(name)] = ("r", rule_ids[keys[arg]])
+        canonical.append(dict(sorted(row.items())))
+    keywords, terminals = _terminals(parser.lexer_conf)
+    return {"grammar": grammar_text(), "rules": tuple(rule_list), "rows": tuple(canonical), "start": seen[start],
+            "end": seen[end], "keywords": dict(sorted(keywords.items())), "terminals": tuple(terminals),
+            "ignore": tuple(sorted(parser.lexer_conf.ignore))}
+
+
+def _rule_data(rule) -> tuple:
+    """A Lark ``Rule`` as plain data: (origin, alias, expand1, ((symbol, is_term, filter_out), ...))."""
+    return (str(rule.origin.name), None if rule.alias is None else str(rule.alias), bool(rule.options.expand1),
+            tuple((str(s.name), bool(s.is_term), bool(getattr(s, "filter_out", False))) for s in rule.expansion))
+
+
+def shipped_tables() -> Optional[Tables]:
+    """The tables of :mod:`fxrules.lang.parse_tables`, or None when they were made from another grammar
+    (the grammar changed and ``python -m fxrules.tools.indexes`` was not run: Lark's are built instead)."""
+    from fxrules.lang import parse_tables as shipped
+
+    if shipped.GRAMMAR != grammar_text():
+        return None
+    rules = [RuleShape.of(data) for data in shipped.RULES]
+    entries = [(len(rule.expansion), reduction(rule), rule.origin.name) for rule in rules]
+    rows = [{name: target if type(target) is int else entries[target[1]] for name, target in row.items()}
+            for row in shipped.ROWS]
+    _check_unit_rules(rows)
+    return Tables(rows, shipped.START, shipped.END, dict(shipped.KEYWORDS), frozenset(shipped.IGNORE),
+                  _scanner(list(shipped.TERMINALS)), {}, {}, ())
 
 
 def _after_units(rows: list, below: int, origin: str, kind: str) -> int:
@@ -492,7 +608,7 @@ def parse_lark(source: Source) -> A.RuleFile:
     scanner's ``re.Match`` for the token, as in the direct loop). Lark finds any syntax error;
     this module words it."""
     text = _with_newline(source.text)
-    parser, table = _get_parser(), tables()
+    parser, table = _get_parser(), lark_tables()
     target = Reductions(source.path, text)
     match_at = functools.partial(_match_at, table.scanner.match, text)
     callbacks: dict = dict.fromkeys(table.terminals, match_at)

@@ -73,6 +73,10 @@ class RuleSet:
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
+    def __reduce__(self):
+        """Pickled by its fields (``sources`` as a dict): ``verify(jobs=N)`` sends rule sets to worker processes."""
+        return (RuleSet, (self.rules, dict(self.sources), self.warnings, self.resolver))
+
     @property
     def names(self) -> list[str]:
         return [rule.name for rule in self.rules]

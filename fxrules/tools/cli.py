@@ -216,6 +216,9 @@ def _verify_parser(commands) -> None:
                         help="host models drawn per rule (default 50)")
     verify.add_argument("--seed", type=int, default=None, metavar="N",
                         help="fix the random seed, for a reproducible run (default: random)")
+    verify.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                        help="verify rules in N worker processes (0: one per CPU core; default 1); the same "
+                             "verdicts in the same order as one process, for a fixed --seed")
     verify.add_argument("--grad", action=argparse.BooleanOptionalAction, default=True,
                         help="compare gradients of a scalar loss w.r.t. the inputs and trainable parameters too, for "
                              "[exact] and [approx] rules (the default); --no-grad compares forward outputs only")
@@ -444,6 +447,9 @@ def _verify(args: argparse.Namespace) -> int:
     try:
         if args.max_examples < 1:
             raise _UsageError("--max-examples must be at least 1")
+        if args.jobs < 0:
+            raise _UsageError("--jobs must be 0 (one per CPU core) or more")
+        jobs = args.jobs or os.cpu_count() or 1
         paths, rule_set = _load_rule_set(args)
         if args.coverage:
             return _coverage(rule_set, args.format)
@@ -462,7 +468,7 @@ def _verify(args: argparse.Namespace) -> int:
             try:
                 report = fxrules.verify(rule_set, max_examples=args.max_examples, seed=args.seed, grad=args.grad,
                                         database=None if args.no_database else args.database, names=args.rule,
-                                        reproduce=args.reproduce, progress=on_progress)
+                                        reproduce=args.reproduce, progress=on_progress, jobs=jobs)
             except ValueError as exc:  # a malformed --reproduce line, found before any work
                 if started:
                     raise

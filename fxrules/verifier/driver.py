@@ -48,7 +48,7 @@ import shlex
 import hashlib
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Iterable, Optional
 
@@ -904,7 +904,7 @@ def _grade(examples: list[ExampleOutcome], counterexample: Optional[Counterexamp
 def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: bool = True,
            dtypes: Optional[Iterable[torch.dtype]] = None, database: Any = "default", catalogue=None,
            names: Optional[Iterable[str]] = None, allow_imports: Iterable[str] = (), progress=None,
-           reproduce: Optional[str] = None) -> VerifyReport:
+           reproduce: Optional[str] = None, jobs: int = 1) -> VerifyReport:
     """Check that every rule keeps its contract; see the module docstring.
 
     ``rules``: a RuleSet or rule file path(s). ``max_examples``: host graphs per rule.
@@ -912,14 +912,19 @@ def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: b
     inputs and the trainable parameters; on by default, ``grad=False`` for forward only).
     ``names``: verify only these rules. ``progress``: called with (done, total, rule name).
     ``reproduce``: a counterexample's ``@reproduce_failure(...)`` line: replay that one host
-    (give one rule in ``names``).
+    (give one rule in ``names``). ``jobs``: verify rules in this many worker processes
+    (:mod:`fxrules.verifier.parallel`; the same verdicts, in the same order, for a fixed ``seed``;
+    ``progress`` is then called as rules finish, with the rule just finished).
     """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive int, not {jobs!r}")
     from fxrules.lang.load import as_rule_set
 
     from fxrules.verifier.samplers import default_catalogue
 
     with entered():
         rule_set = as_rule_set(rules, allow_imports)
+    catalogue_given = catalogue
     catalogue = catalogue if catalogue is not None else default_catalogue()  # built once per run
     options = VerifyOptions(max_examples=max_examples, seed=seed, grad=grad,
                             dtypes=tuple(dtypes) if dtypes is not None else DEFAULT_DTYPES, database=database,
@@ -930,6 +935,13 @@ def verify(rules, *, max_examples: int = 50, seed: Optional[int] = None, grad: b
     for name in selected:
         rule_set[name]  # an unknown name is a KeyError naming it, before any work
     start = time.perf_counter()
+    if jobs > 1 and len(selected) > 1:
+        from fxrules.verifier.parallel import verify_parallel
+
+        verdicts = verify_parallel(rule_set, selected, replace(options, catalogue=catalogue_given), jobs, progress)
+        if progress is not None:
+            progress(len(selected), len(selected), None)
+        return VerifyReport(tuple(verdicts), time.perf_counter() - start)
     verdicts = []
     for index, name in enumerate(selected):
         if progress is not None:

@@ -18,15 +18,13 @@ from fxrules.lang.check.targets import NEVER_CREATED, Targets
 from fxrules.lang.check.condition_types import report_type_errors
 from fxrules.lang.names import (BINDING_PREDICATES, CONDITION_FUNCTIONS, GENERATOR_FUNCTIONS, MAX_CONDITION_ITEMS,
                                 MAX_GENERATOR_DEPTH, PREDICATE_NAMES, USER_FUNCTIONS, expand)
+from fxrules.lang.torch_index import Kind
 
 CONDITION_FUNCTION_NAMES = frozenset(CONDITION_FUNCTIONS)
 """The pure builtins a condition may call by bare name."""
 
 CAPTURE_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
 """What a condition may read from a captured value (tensor metadata)."""
-
-_MODULE = type(A)
-
 
 def check_conditions(reporter: Reporter, targets: Targets, bindings: Bindings, conditions: tuple[A.Cond, ...]) -> None:
     """Check the ``where`` clauses of a rule whose pattern binds ``bindings``."""
@@ -123,7 +121,7 @@ class _ConditionWalk:
             targets.report(dotted.span, resolution, "unknown-target")
         elif targets.refused(dotted.span, allowlist.refuse_constant(path, targets.resolver.packages)):
             return
-        elif resolution.ok and isinstance(resolution.value, _MODULE):
+        elif resolution.ok and resolution.facts.kind is Kind.MODULE:
             self.reporter.error(dotted.span, "forbidden-target",
                                 f"a condition may not use the module `{dotted.text}` as a value")
 
@@ -258,7 +256,7 @@ def check_called_path(reporter: Reporter, targets: Targets, span: A.Span, path: 
         targets.report(span, resolution, "unknown-predicate")
     elif targets.refused(span, allowlist.refuse_condition_call(path, targets.resolver.packages)):
         return
-    elif resolution.ok and not callable(resolution.value):
+    elif resolution.ok and not resolution.facts.is_callable:
         reporter.error(span, "unknown-predicate", f"`{path}` is not callable")
 
 

@@ -231,7 +231,7 @@ class _FileAliases:
         path = expand(item.path.parts, self.paths) or item.path.text
         self.paths[item.alias] = path
         self.frozen = None
-        resolution = self.resolver.resolve(path)
+        resolution = self.resolver.look_up(path)
         if resolution.is_error:
             self.reported.add(item.alias)
             report_resolution(self.reporter, self.resolver, item.path.span, resolution, "unknown-target",

@@ -3,21 +3,23 @@
 All resolution goes through :class:`fxrules.lang.names.Resolver`, under its import policy; a
 failed resolution becomes one diagnostic (:func:`report_resolution`), with the policy's own code
 when the policy refused it. With torch importable, method names, module types and constructor
-arguments are checked against torch itself; without it they are left for the engine.
+arguments are checked against torch itself (through the shipped torch index,
+:mod:`fxrules.lang.torch_index`, where it answers: then torch is not imported); without it they
+are left for the engine.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
-from typing import Any, Container, Optional
+from typing import Container, Optional
 
 import fxrules.lang.ast as A
-from fxrules.lang import allowlist
+from fxrules.lang import allowlist, torch_index
 from fxrules.lang.allowlist import Position
 from fxrules.lang.check.reporter import Reporter, closest, did_you_mean
 from fxrules.lang.check.scope import Aliases
 from fxrules.lang.names import BUILTIN_ALIASES, Resolution, Resolver, builtin_path
+from fxrules.lang.torch_index import Facts, Kind
 
 NEVER_CREATED = frozenset({
     "builtins.getattr", "builtins.setattr", "builtins.delattr", "builtins.type", "builtins.vars",
@@ -59,7 +61,9 @@ class Targets:
     torch: bool  # whether torch is importable: methods and module types are checked against it
 
     def resolve(self, path: str) -> Resolution:
-        return self.resolver.resolve(path)
+        """The name's status and, when ``ok``, its ``facts`` (:meth:`Resolver.look_up`: no torch import where
+        the index answers)."""
+        return self.resolver.look_up(path)
 
     def report(self, span: A.Span, resolution: Resolution, code: str) -> None:
         report_resolution(self.reporter, self.resolver, span, resolution, code, self.aliases.reported)
@@ -101,7 +105,7 @@ class Targets:
             self.report(target.span, resolution, "unknown-target")
         elif self.refused(target.span, allowlist.refuse_function(path, position, self.resolver.packages)):
             return
-        elif resolution.ok and not callable(resolution.value):
+        elif resolution.ok and not resolution.facts.is_callable:
             self.reporter.error(target.span, "unknown-target", f"`{path}` is not callable")
 
     def literal_call(self, call: A.Call, position: Position) -> None:
@@ -134,7 +138,10 @@ class Targets:
         if not self.torch:
             self.refused(target.span, allowlist.refuse_method(name, position))
             return
-        import torch
+        if torch_index.tensor_has(name):
+            self.refused(target.span, allowlist.refuse_method(name, position))
+            return
+        import torch  # a miss of the index: a name it does not hold, or another torch
 
         if not hasattr(torch.Tensor, name):
             self.reporter.error(target.span, "unknown-method", f"`torch.Tensor` has no method `{name}`",
@@ -142,8 +149,8 @@ class Targets:
             return
         self.refused(target.span, allowlist.refuse_method(name, position))
 
-    def module_type(self, target: A.Dotted) -> Any:
-        """The module class, or None when it cannot be resolved (reported) or torch is missing."""
+    def module_type(self, target: A.Dotted) -> Optional[Facts]:
+        """The module class's facts, or None when it cannot be resolved (reported) or torch is missing."""
         if self.aliases.is_reported(target):
             return None
         if len(target.parts) == 1 and target.parts[0] not in self.aliases.paths:
@@ -154,45 +161,39 @@ class Targets:
         if resolution.is_error:
             self.report(target.span, resolution, "unknown-module-type")
             return None
-        if resolution.ok and not _is_module_class(resolution.value):
+        if resolution.ok and resolution.facts.kind is not Kind.MODULE_CLASS:
             self.reporter.error(target.span, "unknown-module-type", f"`{path}` is not an nn.Module subclass")
             return None
         if self.refused(target.span, allowlist.refuse_module_type(path, self.resolver.packages)) or not resolution.ok:
             return None
-        return resolution.value
+        return resolution.facts
 
-    def module_attribute(self, keyword: A.Keyword, module_class: Any, *, matched: bool) -> None:
+    def module_attribute(self, keyword: A.Keyword, module_class: Optional[Facts], *, matched: bool) -> None:
         """An attribute (``matched``: of a matched module, which also has ``training``) or a constructor
         argument must be a parameter of the module class's constructor."""
-        signature = constructor_signature(module_class)
-        if signature is None:
+        constructor = None if module_class is None else module_class.constructor
+        if constructor is None:
             return
-        allowed = {p.name for p in signature.parameters.values()
-                   if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+        allowed = set(constructor.parameters)
         if matched:
             allowed.add("training")
         if keyword.name not in allowed:
             self.reporter.error(keyword.span, "unknown-attribute",
-                                f"`{module_class.__name__}` has no constructor argument `{keyword.name}`",
+                                f"`{module_class.name}` has no constructor argument `{keyword.name}`",
                                 notes=[f"it takes: {', '.join(sorted(allowed))}"]
                                 + did_you_mean(keyword.name, sorted(allowed)))
 
-    def constructor_arguments(self, call: A.Call, module_class: Any, code: str) -> None:
+    def constructor_arguments(self, call: A.Call, module_class: Optional[Facts], code: str) -> None:
         """Constructing ``TYPE{...}`` must supply every required constructor argument."""
-        signature = constructor_signature(module_class)
-        if signature is None:
+        constructor = None if module_class is None else module_class.constructor
+        if constructor is None:
             return
         given = {k.name for k in call.attrs or ()}
-        missing = [
-            p.name for p in signature.parameters.values()
-            if p.default is inspect.Parameter.empty
-            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-            and p.name not in given
-        ]
+        missing = [name for name in constructor.required if name not in given]
         if missing:
             self.reporter.error(
                 call.span, code,
-                f"constructing `{module_class.__name__}` needs {', '.join('`' + m + '`' for m in missing)}",
+                f"constructing `{module_class.name}` needs {', '.join('`' + m + '`' for m in missing)}",
                 notes=[f"write `call_module {call.target.text}{{{', '.join(m + '=...' for m in missing)}}}(...)`"])
 
     def builder(self, target: A.Dotted) -> None:
@@ -201,31 +202,12 @@ class Targets:
         resolution = self.resolve(path)
         if resolution.is_error:
             self.report(target.span, resolution, "unknown-builder")
-        elif resolution.ok and (isinstance(resolution.value, type) or not callable(resolution.value)):
+        elif resolution.ok and (resolution.facts.kind in (Kind.CLASS, Kind.MODULE_CLASS)
+                                or not resolution.facts.is_callable):
             self.reporter.error(target.span, "unknown-builder", f"`{path}` is not a builder function",
                                 notes=["a builder is a function taking matched modules and returning a new nn.Module"])
         else:
             self.refused(target.span, allowlist.refuse_builder(path, self.resolver.packages))
-
-
-def _is_module_class(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, type) and issubclass(value, torch.nn.Module)
-
-
-def constructor_signature(module_class: Any) -> Optional[inspect.Signature]:
-    """The constructor's parameters without ``self``; None when unknown or when it takes ``**kwargs``."""
-    if module_class is None:
-        return None
-    try:
-        signature = inspect.signature(module_class.__init__)
-    except (TypeError, ValueError):
-        return None
-    parameters = [p for name, p in signature.parameters.items() if name != "self"]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return None  # accepts anything
-    return signature.replace(parameters=parameters)
 
 
 def _suggest(path: str, resolver: Resolver) -> Optional[str]:

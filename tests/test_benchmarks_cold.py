@@ -1,0 +1,32 @@
+"""benchmarks/cold.py's plumbing (the measurements themselves are run by hand: fresh processes, seconds each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+cold = pytest.importorskip("benchmarks.cold")
+
+
+def test_each_measurement_runs_the_measured_checkout_with_its_bytecode_written(tmp_path):
+    env = cold._environment(Path("/some/checkout"), str(tmp_path))
+    assert env["PYTHONPATH"].split(":")[0] == "/some/checkout"
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path) and "PYTHONDONTWRITEBYTECODE" not in env
+
+
+def test_the_table_is_markdown():
+    text = cold.render([cold.Row("fxrules check LIBRARY", 0.1834, 5, "torch imported: no")])
+    assert text.splitlines() == ["| what | seconds (median) | runs | note |", "|---|---|---|---|",
+                                 "| fxrules check LIBRARY | 0.183 | 5 | torch imported: no |"]
+
+
+def test_the_check_probe_reports_whether_torch_was_imported(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", cold._CHECK], env=cold._environment(root, str(tmp_path)),
+                         cwd=root, capture_output=True, text=True, timeout=120)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 0, "torch": False}, out.stderr
