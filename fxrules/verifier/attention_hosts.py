@@ -16,12 +16,13 @@ recognises an attention pattern (:func:`attention_roles`) and draws its captures
 * **the mask**: floating, shaped as models shape it (``(B, 1, 1, Lk)``, ``(Lq, Lk)``, the scores'
   shape), and sometimes what a rule must refuse: a bool mask, a 1-D mask, a mask that broadcasts the
   scores larger;
-* **values**: the query, key, scale and mask are finite (drawn from every fill but ``special``);
-  the value tensor gets special values too. On a row of scores with no finite entry (a NaN in
-  the query, an all ``-inf`` row) ``scaled_dot_product_attention`` returns 0 where the written-out
-  softmax returns NaN (torch's documented handling of fully masked rows): the SDPA fusions keep
-  their ``[approx]`` contract on finite scores only, the domain these hosts draw
-  (``FINITE_ROLES``; docs/verify.md says so, and tests/test_fuse.py shows the difference).
+* **values**: q, k, v, the scale and the mask are finite (drawn from every fill but ``special``:
+  randn, uniform, zeros, ones, large). On a row of scores with no finite entry (a NaN in the
+  query, an all ``-inf`` row) ``scaled_dot_product_attention`` returns 0 where the written-out
+  softmax returns NaN (torch's handling of fully masked rows), and gradients through an infinite
+  value differ: the SDPA fusions keep their ``[approx]`` contract on finite inputs only, the domain
+  these hosts draw (``FINITE_ROLES``; docs/verify.md says so, tests/test_fuse.py shows the difference).
+  Everything else in the host (upstream inputs, other captures) is drawn as usual.
 * **the dropout probability**: 0.0, 0.1 or 0.5 (the pattern's training flag is used as written).
 
 And, so that the conditions of attention rules are tested against the spellings inductor's SDPA
@@ -56,7 +57,7 @@ from hypothesis import reject
 from hypothesis import strategies as st
 from torch import fx
 
-from fxrules.engine.program import PAlt, PBind, PCall, PCapture, PLiteral, PSeq
+from fxrules.engine.program import PAlt, PBind, PCall, PCapture, PConst, PLiteral, PSeq, PWildcard
 from fxrules.verifier.hosts import Host, HostGraphWriter
 from fxrules.verifier.samplers import Param
 
@@ -73,13 +74,15 @@ _DROPOUTS = frozenset({F.dropout, torch.dropout, aten.dropout.default})
 _CASTS = frozenset({"to", "type", aten.to.dtype, aten._to_copy.default})
 _TRANSPOSES = frozenset({"transpose", torch.transpose, aten.transpose.int})
 _PERMUTES = frozenset({"permute", torch.permute, aten.permute.default})
+_RESHAPES = _TRANSPOSES | _PERMUTES | frozenset({"reshape", "view", "flatten", "contiguous", torch.reshape,
+                                                torch.flatten, aten.view.default, aten.reshape.default})
 
 KEY_NEAR_MISS = (False, False, False, False, True)
 """Whether the key position holds a near miss (another permutation than the last two dims swapped)."""
 OUTPUT_TAILS = ("none", "none", "none", "heads back", "flatten")
 """What reads the attention output: nothing more, ``.transpose(1, 2).reshape(*batch', Lq, -1)``
 (4-D: the heads merged back into the hidden size), or ``.reshape(-1, Dv)``."""
-FINITE_ROLES = ("query", "key", "scale", "mask")
+FINITE_ROLES = ("query", "key", "value", "scale", "mask")
 """The parts drawn with finite values only (the SDPA fusions' domain: see the module docstring)."""
 SCALE_SPELLINGS = ("0.125", "1/sqrt(d)", "d**-0.5", "sqrt(d)", "int", "1.0", "0", "tensor")
 MASK_SHAPES = ("padding", "padding", "square", "scores", "scores", "bool", "1-D", "wider")
@@ -135,6 +138,8 @@ class _Roles:
 
     def assign(self, role: str, p: Any) -> None:
         options = _options(p)
+        if options and all(isinstance(o, (PLiteral, PConst, PWildcard)) for o in options):
+            return  # written as a literal (a scale of 0.125): nothing to draw
         if len(options) != 1 or not isinstance(options[0], PCapture):
             self.ok = False
             return
@@ -145,6 +150,9 @@ class _Roles:
 
     def output(self, p: Any) -> None:
         for option in _options(p):
+            if isinstance(option, PCall) and _kind(option, _RESHAPES) and _operands(option):
+                self.output(_operands(option)[0])  # the pattern reaches into the output's reshape
+                continue
             if not (isinstance(option, PCall) and _kind(option, _MATMULS)) or len(_operands(option)) != 2:
                 self.ok = False
                 continue
@@ -293,7 +301,7 @@ class AttentionHostWriter(HostGraphWriter):
         if name == roles.query:
             return self.finite_tensor(shape.batch + (shape.lq, shape.d), param)
         if name == roles.value:
-            return self.tensor(shape.batch + (shape.lk, shape.dv), param)
+            return self.finite_tensor(shape.batch + (shape.lk, shape.dv), param)
         if name == roles.key:  # a key the pattern reads untransposed (its transpose call drew it otherwise)
             return self.finite_tensor(shape.batch + (shape.lk, shape.d), param)
         if name == roles.scale:
