@@ -190,3 +190,14 @@ def test_transformers_attention_fuses_through_export(build):
     with torch.no_grad():
         got = result.module(*inputs)
     assert_close(got, reference)
+
+
+def test_gpt2_cast_then_dropout_fuses_without_cleanup():
+    """GPT-2's `.type(value.dtype)` followed by an eval-mode functional dropout is one optional part
+    of the pattern: the fuse family alone fuses it."""
+    model = Gpt2EagerAttention().eval()
+    inputs = _inputs("gpt2")
+    result = fxrules.apply_rules(model, fxrules.load_rules(fxrules.LIBRARY / "fuse"), example_inputs=inputs)
+    assert result.counts.get("sdpa_mul_scale_mask") == 1, result.counts
+    with torch.no_grad():
+        assert_close(result.module(*inputs), model(*inputs))
