@@ -261,7 +261,7 @@ class AttentionHostWriter(HostGraphWriter):
     def __init__(self, draw, catalogue, dtype, training, roles: AttentionRoles):
         super().__init__(draw, catalogue, dtype, training)
         self.roles = roles
-        self.shape_ = self.draw_shape()
+        self.sizes = self.draw_shape()
         self.near_miss = draw(st.sampled_from(KEY_NEAR_MISS), label="key near miss")
         self.finite = False
 
@@ -297,7 +297,7 @@ class AttentionHostWriter(HostGraphWriter):
         return super().pattern(p, param, ctx, ranks)
 
     def by_role(self, name: str, param: Param) -> Any:
-        roles, shape = self.roles, self.shape_
+        roles, shape = self.roles, self.sizes
         if name == roles.query:
             return self.finite_tensor(shape.batch + (shape.lq, shape.d), param)
         if name == roles.value:
@@ -313,7 +313,7 @@ class AttentionHostWriter(HostGraphWriter):
         return _NONE
 
     def scale(self, param: Param) -> Any:
-        d = self.shape_.d
+        d = self.sizes.d
         spelling = self.draw(st.sampled_from(SCALE_SPELLINGS), label="scale")
         self.lines.append(f"scale written as {spelling}")
         if spelling == "tensor":
@@ -322,7 +322,7 @@ class AttentionHostWriter(HostGraphWriter):
                 "int": self.draw(st.sampled_from([1, 2, 8]), label="int scale"), "1.0": 1.0, "0": 0}[spelling]
 
     def mask(self, param: Param) -> Any:
-        shape = self.shape_
+        shape = self.sizes
         kind = self.draw(st.sampled_from(MASK_SHAPES), label="mask")
         self.lines.append(f"mask: {kind}")
         if kind == "bool":
@@ -341,7 +341,7 @@ class AttentionHostWriter(HostGraphWriter):
     def key_call(self, p: PCall) -> Any:
         """The key transposed or permuted to ``(*batch, d, lk)`` for the product, as the pattern says
         (its dims literal or drawn), or, in a near-miss host, by another permutation."""
-        shape = self.shape_
+        shape = self.sizes
         rank = len(shape.batch) + 2
         target = shape.batch + (shape.d, shape.lk)
         swap = list(range(rank - 2)) + [rank - 1, rank - 2]
