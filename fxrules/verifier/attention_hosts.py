@@ -7,7 +7,7 @@ scale, matching float q/k/v) is almost never rewritten, and verify grades it ``w
 recognises an attention pattern (:func:`attention_roles`) and draws its captures together
 (:class:`AttentionHostWriter`):
 
-* **q, k, v** of one rank (3 or 4; 3 for ``bmm``) with matching batch dims and head dims: q is
+* **q, k, v** of one rank (2, 3 or 4; 3 for ``bmm``) with matching batch dims and head dims: q is
   ``(*batch, Lq, D)``, v is ``(*batch, Lk, Dv)``, and the key is laid out so that the pattern's key
   transpose or permute gives ``(*batch, D, Lk)``; their home, values and memory layout are drawn as
   for any input (so half precision, special values and strided inputs are drawn too);
@@ -278,7 +278,7 @@ class AttentionHostWriter(HostGraphWriter):
 
     def draw_shape(self) -> AttentionShape:
         draw = self.draw
-        rank = 3 if self.roles.bmm else draw(st.sampled_from([4, 4, 3]), label="attention rank")
+        rank = 3 if self.roles.bmm else draw(st.sampled_from([4, 4, 3, 2]), label="attention rank")
         if draw(st.sampled_from([False, False, False, True]), label="all sizes equal"):
             size = draw(st.integers(2, 4), label="size")  # a wrong fusion then runs and computes other values
             return AttentionShape((size,) * (rank - 2), size, size, size, size)
