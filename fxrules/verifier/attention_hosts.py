@@ -382,7 +382,7 @@ class AttentionHostWriter(HostGraphWriter):
         """The two dims a transpose with drawn dims swaps: the last two (in either order, each written
         positive or negative, as models write them), or in a near-miss host two others."""
         draw = self.draw
-        if self.near_miss:
+        if self.near_miss and rank > 2:  # a 2-D key has no other pair of dims
             pairs = [(i, j) for i in range(rank) for j in range(i + 1, rank) if (i, j) != (rank - 2, rank - 1)]
             pair = draw(st.sampled_from(pairs), label="near-miss transpose")
         else:
