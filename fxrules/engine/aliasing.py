@@ -109,6 +109,10 @@ _SCHEMA_LIES = frozenset({"dropout", "feature_dropout", "alpha_dropout", "featur
 """aten ops whose schema returns a fresh tensor but whose kernel returns the input itself when not
 training (CompositeImplicitAutograd ``at::dropout``)."""
 
+_DROPOUT_P_OPS = frozenset({"scaled_dot_product_attention"})
+"""aten ops tagged as drawing random numbers that draw none when their ``dropout_p`` (the fifth
+argument, default 0) is the literal 0 (``aten.scaled_dot_product_attention``: the attention fusions)."""
+
 PURE_BUILTINS = frozenset({
     builtins.getattr, builtins.len, builtins.isinstance, builtins.issubclass, builtins.hasattr, builtins.int,
     builtins.float, builtins.bool, builtins.complex, builtins.str, builtins.tuple, builtins.list, builtins.dict,
@@ -248,6 +252,9 @@ def function_draws_random(target: Any, args: tuple, kwargs: dict) -> bool:
         if fxaccess.op_name(target) in _SCHEMA_LIES or fxaccess.op_name(target) == "native_dropout":
             train = args[2] if len(args) > 2 else kwargs.get("train", True)
             return train is not False
+        if fxaccess.op_name(target) in _DROPOUT_P_OPS:
+            p = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
+            return not (p == 0 and type(p) in (int, float))
         return True
     try:
         if target in RANDOM_FUNCTIONS:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import fx
 
-from fxrules.engine import aliasing, fxaccess
+from fxrules.engine import aliasing, fxaccess, inspection
 from fxrules.engine.aliasing import Aliasing
 from fxrules.engine.matcher import Match, computes_as
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
@@ -512,16 +512,19 @@ def _calls_of(replacements: tuple) -> tuple:
 
 @dataclass(frozen=True)
 class Plan:
-    """Where to insert a match's replacement."""
+    """Where to insert a match's replacement, and what to do with the users that only inspect its
+    interior nodes (:mod:`fxrules.engine.inspection`)."""
 
     anchor: fx.Node  # new nodes go just before this node
+    inspections: inspection.Settlement = inspection.NOTHING
 
 
 def plan(match: Match, effects: Effects) -> "Plan | Refusal":
     """A Plan, or the :class:`Refusal` saying why the match must not be rewritten.
 
     The checks run in this order, and the first refusal wins (so a match with several
-    problems always reports the same one): :func:`interior_used_outside`,
+    problems always reports the same one): :func:`inspecting_users` (which
+    settles the users that only inspect an interior node, or refuses as :func:`interior_used_outside`),
     :func:`module_has_hooks`, :func:`drops_side_effect`, :func:`changes_random_draws`,
     :func:`uses_replaced_node`, :func:`replacement_writes_input`, :func:`replaced_by_value`,
     :func:`reads_across_mutation`, :func:`output_alias_introduced`,
@@ -529,7 +532,8 @@ def plan(match: Match, effects: Effects) -> "Plan | Refusal":
     replacement). Each check is pure and returns a Refusal or None; a refusal is only built
     when refusing.
     """
-    refusal = interior_used_outside(match)
+    settled = inspecting_users(match)
+    refusal = settled if isinstance(settled, Refusal) else None
     if refusal is None:
         refusal = module_has_hooks(match, effects)
     if refusal is None:
@@ -552,23 +556,41 @@ def plan(match: Match, effects: Effects) -> "Plan | Refusal":
         refusal = reads_written_value(match, effects)
     if refusal is not None:
         return refusal
-    return placement(match, inputs)
+    placed = placement(match, inputs)
+    if isinstance(placed, Plan) and settled is not inspection.NOTHING:
+        return Plan(placed.anchor, settled)
+    return placed
 
 
 def interior_used_outside(match: Match) -> Optional[Refusal]:
     """An interior node (matched, not a root) used outside the match: removing it would break
-    that user, keeping it would compute it twice."""
+    that user, keeping it would compute it twice. Users that only inspect it are settled instead
+    (:func:`inspecting_users`)."""
+    settled = inspecting_users(match)
+    return settled if isinstance(settled, Refusal) else None
+
+
+def inspecting_users(match: Match) -> "inspection.Settlement | Refusal":
+    """The users outside the match of its interior nodes, each settled (an implied metadata assertion
+    dropped, a metadata read re-pointed to a root with the same metadata: :mod:`fxrules.engine.inspection`),
+    or the refusal ``interior-used-outside`` naming the first that cannot be."""
     matched = match.bindings.nodes
     roots = match.roots
+    settlements, after = [], None
     for node in matched:
         if node in roots:
             continue
         for user in node.users:
             if user not in matched:
-                return Refusal(RefusalCode.INTERIOR_USED_OUTSIDE,
-                               f"interior node %{node.name} is also used by %{user.name}, outside the match; "
-                               f"rewriting would duplicate or break it", (node.name, user.name))
-    return None
+                if after is None:
+                    after = max(list(matched) + _replacement_inputs(match))
+                settled = inspection.settle(node, user, roots, after)
+                if settled is None:
+                    return Refusal(RefusalCode.INTERIOR_USED_OUTSIDE,
+                                   f"interior node %{node.name} is also used by %{user.name}, outside the match; "
+                                   f"rewriting would duplicate or break it", (node.name, user.name))
+                settlements.append(settled)
+    return inspection.merge(settlements)
 
 
 def module_has_hooks(match: Match, effects: Effects) -> Optional[Refusal]:

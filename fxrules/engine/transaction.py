@@ -34,6 +34,7 @@ from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from fxrules.engine import fxaccess, guards
 from fxrules.engine.errors import ModelError
+from fxrules.engine.inspection import apply_settlement
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
 from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat,
@@ -820,6 +821,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
         new_values = [writer.value(r) for r in match.program.replacements]
     touched: set = set(writer.created)
     touched.update(writer.kept)
+    touched.update(apply_settlement(graph, plan.inspections, work.erased))  # users that only inspect (planner)
     for root, value in zip(match.roots, new_values):
         if isinstance(value, fx.Node) and value is not root:
             if work.has_values and "val" not in value.meta and "val" in root.meta:

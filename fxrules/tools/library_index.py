@@ -32,11 +32,14 @@ FAMILIES: dict[str, str] = {
     "swap": "`[changes]` experiments that alter what the model computes on purpose (activation swaps, "
             "pruning). Leave them out with `RuleSet.select(contracts=[\"exact\", \"approx\"])`.",
     "aten": "The cleanup rules at the aten level, for `torch.export` programs.",
-    "fuse": "Collapse no-ops the other families lack (casts to the same dtype, reshapes and views to the same "
-            "shape, a transpose of a dimension with itself, an identity permutation of any rank), and fuse "
-            "conv/linear/batch norm + ReLU into torch.ao.nn.intrinsic modules for inference, as "
-            "torch.ao.quantization.fuse_modules does. The attention (SDPA) fusions are incubating "
-            "(`incubating/attention.fxr` in the repository) until the verifier validates them.",
+    "fuse": "Fuse written-out attention into `scaled_dot_product_attention` (inductor's fuse_attention patterns, "
+            "traced and `torch.export` spellings; `[approx]` on finite inputs, conditions ruling out inductor's "
+            "wrong fusions: fuse/attention.fxr says why each is sound); fuse conv/linear/batch norm + ReLU into "
+            "torch.ao.nn.intrinsic modules for inference, as torch.ao.quantization.fuse_modules does; and collapse "
+            "no-ops the other families lack (casts to the same dtype, reshapes and views to the same shape, a "
+            "transpose of a dimension with itself, an identity permutation of any rank). The training-mode fusion "
+            "of an active dropout changes the random numbers drawn and stays in `incubating/attention.fxr` in the "
+            "repository.",
 }
 
 _HEADER = """\
@@ -76,8 +79,8 @@ of another family, and the swaps are experiments meant to be loaded on their own
 * `fold_linear_bn` (fold) and `prune_linear` (swap): on a square Linear followed by a BatchNorm1d,
   folding first prunes the folded layer (and the batch norm with it), pruning first keeps the batch norm.
 
-The analysis of the whole library takes about 16 s (15 s of CPU: 32 host searches, 50 host graphs
-each, 778 counted); `fxrules analyze --static rules/` about 2 s, almost all of it loading the rules
+The analysis of the whole library takes about 16 s (15 s of CPU: 37 host searches, 50 host graphs
+each, 815 counted); `fxrules analyze --static rules/` about 2 s, almost all of it loading the rules
 (the static analysis itself: 0.01 s).
 """
 

@@ -687,7 +687,8 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     from hypothesis import strategies as st
     from hypothesis.errors import DidNotReproduce, Flaky, Unsatisfiable
 
-    from fxrules.verifier.hosts import HostGraphWriter, missing_samplers
+    from fxrules.verifier.attention_hosts import host_writer
+    from fxrules.verifier.hosts import missing_samplers
     from fxrules.engine.program import RuleCompiler
     from fxrules.verifier.samplers import default_catalogue
 
@@ -706,7 +707,7 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     def check(data):
         dtype = data.draw(st.sampled_from(options.dtypes), label="dtype")
         training = data.draw(st.sampled_from([False, False, False, True]), label="training")
-        host = HostGraphWriter(data.draw, catalogue, dtype, training).build(program.roots)
+        host = host_writer(program.roots)(data.draw, catalogue, dtype, training).build(program.roots)
         try:
             _run(host.module, host.inputs, host.seed)
         except Exception:

@@ -44,6 +44,8 @@ _CONVERSIONS = (torch.float32, torch.float64, torch.float16, torch.int64, torch.
 FILLS = ("randn", "randn", "randn", "uniform", "zeros", "ones", "large", "special", "special")
 """How an input's values are drawn (repeats weigh the draw). ``special`` mixes signed zeros,
 subnormals, NaN, infinities and the dtype's huge and tiny magnitudes into normal values."""
+ATTRIBUTE_FILLS = ("zeros", "ones", "randn", "randn", "special")
+"""How a parameter's or buffer's values are drawn."""
 LAYOUTS = ("contiguous", "contiguous", "contiguous", "transposed", "channels_last", "strided")
 """An input's memory layout: ``transposed`` (the last two dims swapped in memory), ``channels_last``
 (4-D), ``strided`` (every other row of a buffer twice as long); the values are the same."""
@@ -491,7 +493,7 @@ class HostGraphWriter:
 
     def new_input(self, shape: tuple, *, dtype: Optional[torch.dtype] = None, positive: bool = False) -> fx.Node:
         dtype = dtype or self.dtype
-        fill = self.draw(st.sampled_from(FILLS), label="input values")
+        fill = self.draw(st.sampled_from(self.fills(FILLS)), label="input values")
         layout = self.draw(st.sampled_from(LAYOUTS), label="layout")
         tensor = _laid_out(_values(fill, shape, dtype, self.generator, positive), layout)
         if tensor is None:
@@ -513,9 +515,13 @@ class HostGraphWriter:
             return up
         return node
 
+    def fills(self, fills: tuple) -> tuple:
+        """The fills the next tensor's values are drawn from (a subclass narrows them for some tensors)."""
+        return fills
+
     def new_attribute(self, shape: tuple, source: str, *, positive: bool = False) -> fx.Node:
         """A parameter (``source``: "parameter", "frozen parameter") or buffer of the host, read with get_attr."""
-        fill = self.draw(st.sampled_from(["zeros", "ones", "randn", "randn", "special"]), label="attribute values")
+        fill = self.draw(st.sampled_from(self.fills(ATTRIBUTE_FILLS)), label="attribute values")
         name = f"attr{len(self.lines)}"
         value = _values(fill, shape, self.dtype, self.generator, positive)
         if source == "buffer" or not (value.is_floating_point() or value.is_complex()):

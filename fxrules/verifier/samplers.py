@@ -427,6 +427,10 @@ def default_catalogue() -> Catalogue:
     cat.add_method("softmax", Param("self", "tensor"), Param("dim", "dim", of="self"), min_rank=1)
     cat.add_function(aten._softmax.default, Param("self", "tensor"), Param("dim", "dim", of="self"),
                      Param("half_to_float", "false"), min_rank=1)
+    # attention's spellings (fxrules/library/fuse/attention.fxr): export's softmax and casts
+    cat.add_function(aten.softmax.int, Param("self", "tensor"), Param("dim", "dim", of="self"), min_rank=1)
+    cat.add_function(aten.to.dtype, Param("self", "tensor"), Param("dtype", "dtype"), floating_only=False)
+    cat.add_method("type", Param("self", "tensor"), Param("dtype", "dtype"), floating_only=False)
     cat.add_function(F.dropout, x, Param("p", "prob", optional=True), Param("training", "bool", optional=True),
                      Param("inplace", "bool", optional=True))
     for function in (F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout):

@@ -1,0 +1,103 @@
+"""`fxrules verify` on attention rules: attention-shaped hosts (fxrules/verifier/attention_hosts.py).
+
+The verifier recognises an attention pattern and draws q, k, v, the scale and the mask together, so
+the library's SDPA fusions are checked on many hosts (tests/verifier/test_library_verify.py grades the
+whole library). It also draws the spellings inductor's SDPA fusions got wrong in 2026; here each bug is
+planted in a rule, and verify must grade that rule ``wrong``:
+
+* a permuted key taken for ``key.transpose(-2, -1)`` (``key.permute(0, 2, 3, 1)``);
+* the permutation of 3-D ``bmm`` attention matched as a wildcard;
+* a match that extends into the attention output's reshape and drops it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fxrules
+from fxrules.engine.program import RuleCompiler
+from fxrules.verifier.attention_hosts import AttentionHostWriter, attention_roles, host_writer
+from fxrules.verifier.hosts import HostGraphWriter
+from fxrules.verifier.samplers import default_catalogue
+
+ATTENTION = fxrules.load_rules(fxrules.LIBRARY / "fuse" / "attention.fxr")
+COLLAPSE = fxrules.load_rules(fxrules.LIBRARY / "fuse" / "collapse.fxr")
+
+
+def _roots(rules, name):
+    return RuleCompiler(rules[name], rules).program().roots
+
+
+@pytest.mark.parametrize("name", ATTENTION.names)
+def test_every_library_attention_rule_gets_attention_hosts(name):
+    roles = attention_roles(_roots(ATTENTION, name))
+    assert roles is not None
+    assert (roles.query, roles.key, roles.value) == ("q", "k", "v")
+    assert roles.key_calls
+    assert roles.mask == ("m" if "mask" in name else None)
+    assert roles.scale == (None if "no_scale" in name else "s")
+    assert roles.bmm == ("permuted_key" in name)
+
+
+@pytest.mark.parametrize("name", COLLAPSE.names)
+def test_other_patterns_get_the_general_writer(name):
+    assert host_writer(_roots(COLLAPSE, name)) is HostGraphWriter
+
+
+def test_drawn_attention_hosts_run_and_keep_q_k_v_consistent():
+    roots = _roots(ATTENTION, "sdpa_mul_scale_mask")
+    roles = attention_roles(roots)
+    seen = set()
+
+    @settings(max_examples=40, deadline=None, database=None)
+    @given(st.data())
+    def check(data):
+        import torch
+
+        writer = AttentionHostWriter(data.draw, default_catalogue(), torch.float32, False, roles)
+        host = writer.build(roots)
+        q, k, v = (writer.values[writer.captures[n]] for n in ("q", "k", "v"))
+        assert q.shape[-1] == k.shape[-1] or writer.near_miss or q.ndim != k.ndim
+        assert k.shape[-2] == v.shape[-2] or writer.near_miss or k.ndim != v.ndim
+        host.module(*host.inputs)
+        seen.add(writer.near_miss)
+
+    check()
+    assert seen == {False, True}  # near misses are drawn
+
+
+PLANTED = '''
+rule permuted_key_as_transpose "inductor's bug: key.permute(0, 2, 3, 1) taken for key.transpose(-2, -1)" [approx]:
+    call_function torch.matmul(
+        call_function F.softmax(
+            call_function operator.mul(call_function torch.matmul($q, call_method permute($k, 0, 2, 3, 1)), 0.125),
+            -1,
+        ),
+        $v,
+    )
+    -> call_function F.scaled_dot_product_attention($q, $k, $v, scale=0.125)
+
+rule bmm_permutation_wildcard "inductor's bug: bmm attention's permutation matched as a wildcard" [approx]:
+    call_function torch.bmm(call_function F.softmax(call_function torch.bmm($q, call_function torch.permute($k, $p)), -1), $v)
+    -> call_function F.scaled_dot_product_attention($q, $k, $v, scale=1.0)
+
+rule match_reaches_into_reshape "inductor's bug: the match extends into the output's reshape" [approx]:
+    call_method transpose(
+        call_function torch.matmul(call_function F.softmax(call_function torch.matmul($q, call_method transpose($k, -2, -1)), -1), $v),
+        1,
+        2,
+    )
+    -> call_function F.scaled_dot_product_attention($q, $k, $v, scale=1.0)
+'''
+
+
+@pytest.mark.parametrize("name", ["permuted_key_as_transpose", "bmm_permutation_wildcard",
+                                  "match_reaches_into_reshape"])
+def test_inductors_wrong_fusions_are_found(name):
+    rules = fxrules.parse_rules(PLANTED)
+    assert attention_roles(_roots(rules, name)) is not None
+    report = fxrules.verify(rules.select(names=[name]), max_examples=60, seed=0, grad=False)
+    verdict = report[name]
+    assert verdict.grade == "wrong", verdict.render()
