@@ -20,7 +20,15 @@ HOSTS = max(MIN_HOSTS + 3, settings.default.max_examples // 30)  # weak below MI
 # layout-changed refusal is a non-application: the engine refuses it with and without metadata) and
 # canonical_silu (a NaN both models agree on no longer makes the float64 reference's budget NaN); see
 # docs/verify.md. Keep the mechanism: a rule listed here runs as an xfail with its reason.
-KNOWN_WRONG: dict[str, str] = {}
+KNOWN_WRONG: dict[str, str] = {
+    "aten_fold_conv1d_bn": (
+        "float64 host, input values near the float64 maximum: the original convolution's sum overflows to inf "
+        "before batch norm scales it down by a tiny weight, while the folded weights scale first and the sum stays "
+        "finite (checked by hand: conv1d(1e308s, ones) = inf, conv1d(1e308s, ones * 1e-300) = 4e8). The rewrite is "
+        "the more accurate one, but float64 has no higher-precision reference to say so; the verifier's [approx] "
+        "comparison does not yet treat an original that overflows from finite inputs as out of the contract's "
+        "domain (issue 20, still open)"),
+}
 
 
 def _cases():
