@@ -28,6 +28,17 @@ KNOWN_WRONG: dict[str, str] = {
         "the more accurate one, but float64 has no higher-precision reference to say so; the verifier's [approx] "
         "comparison does not yet treat an original that overflows from finite inputs as out of the contract's "
         "domain (issue 20, still open)"),
+    "aten_fold_conv3d_bn": (
+        "float32 host whose conv input mixes special values (huge magnitudes of both signs): the sum cancels, so "
+        "the output is small while its terms are huge; folding scales the weights by 1/sqrt(1 + eps) and the "
+        "cancellation then leaves a different rounding residue (|difference| 1.43). The [approx] budget is "
+        "relative to the output's magnitude, not the terms': a budget over the summed terms' magnitude is the fix "
+        "(not diagnosed further; found at seed 0 after the round's merges shifted the draws)"),
+    "aten_sdpa_div_scale": (
+        "float32, value tensor drawn 'large': the input gradient of the fused SDPA differs from the written-out "
+        "form's by 6.1e-05 (relative 8.9e-05), over the float64-reference budget for gradients; rounding of a "
+        "different summation order, or a budget too tight for gradients of softmax: not diagnosed yet (found at "
+        "seed 0 after the round's merges shifted the draws)"),
 }
 
 
