@@ -16,7 +16,8 @@ it was. The checks, in the order they run (the first refusal wins):
   :func:`trainable_parameters_dropped`) and whose values were computed with autograd on, the
   replacement requires grad exactly when the root did.
 * ``layout-changed``: under ``[exact]``, where a node downstream of the root reads strides
-  (``view``, ``as_strided``, ``stride()``, ``is_contiguous()``, ...), the replacement's strides
+  (``view``, ``as_strided``, ``stride()``, ``is_contiguous()``, ...), or, with metadata, where the
+  root flows into a graph output (the caller may read its strides), the replacement's strides
   equal the root's (dimensions of size 1 do not count: torch ignores their strides). Where the
   strides cannot be known (no metadata, or a value the dry run could not compute) such a root is
   not replaced: this one check also runs without metadata.
@@ -425,10 +426,14 @@ def _reads_strides(node: fx.Node) -> bool:
     return False
 
 
-def stride_reader(root: fx.Node) -> Optional[fx.Node]:
+def stride_reader(root: fx.Node, *, outputs_read: bool = False) -> Optional[fx.Node]:
     """A node downstream of ``root`` (through any chain of users: views, and elementwise ops,
-    pass their input's layout on) that reads strides; None when there is none. The graph output
-    is not one: the contract is about the values the model returns."""
+    pass their input's layout on) that reads strides; None when there is none.
+
+    ``outputs_read``: whether the graph's ``output`` node counts as a reader. The caller of the
+    model may ``.view`` what it returns, so where the strides are known to differ (metadata) an
+    output reached from the root is protected like an in-graph ``view``; without metadata it is
+    not (every existing-value replacement feeding an output would be refused; docs/semantics.md)."""
     seen: set = set()
     stack = list(root.users)
     while stack:
@@ -436,7 +441,7 @@ def stride_reader(root: fx.Node) -> Optional[fx.Node]:
         if node in seen:
             continue
         seen.add(node)
-        if _reads_strides(node):
+        if _reads_strides(node) or (outputs_read and node.op == "output"):
             return node
         stack.extend(node.users)
     return None
@@ -464,14 +469,16 @@ def layout_changed(match: Match, values: tuple) -> Optional[Refusal]:
             continue
         if same:
             continue
-        reader = stride_reader(root)
+        reader = stride_reader(root, outputs_read=True)
         if reader is not None:
             described = _described(match, index)
             nodes = (root.name, reader.name) + ((described[1:],) if described.startswith("%") else ())
+            who = ("the model's output (its caller may depend on the strides: `.view`)" if reader.op == "output"
+                   else f"%{reader.name}")
             return Refusal(RefusalCode.LAYOUT_CHANGED,
                            f"[exact] rule `{match.rule.name}` would replace %{root.name} (strides "
                            f"{tuple(before.stride())}) by {described} (strides {tuple(value.stride())}), and "
-                           f"%{reader.name} depends on the strides", nodes)
+                           f"{who} depends on the strides", nodes)
     return None
 
 

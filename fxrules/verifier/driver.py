@@ -322,7 +322,9 @@ def _differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     diff = (a64 - b64).abs()
     diff = torch.where(both_nan, torch.zeros_like(diff), diff)
     diff = torch.nan_to_num(diff, nan=float("inf"))
-    rel = diff / b64.abs().clamp_min(1e-12)
+    # where the original is NaN or inf and the rewrite is not, the relative difference is infinite, not NaN
+    # (max() would skip a NaN and report 0)
+    rel = torch.where(diff == 0, torch.zeros_like(diff), diff / b64.abs().clamp_min(1e-12)).nan_to_num(nan=float("inf"))
     return float(diff.max()), float(rel.max())
 
 

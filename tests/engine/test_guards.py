@@ -180,16 +180,33 @@ def test_a_changes_rule_that_changes_a_shape_is_applied_and_reported():
     assert result.module(x).shape == (2, 1)
 
 
-def test_layout_is_kept_only_where_a_later_node_reads_strides():
+def test_layout_is_kept_where_a_later_node_or_the_caller_reads_strides():
     class NoView(nn.Module):
+        def forward(self, x):
+            return x.t().contiguous().sum(0) + 1
+
+    class Returned(nn.Module):
         def forward(self, x):
             return x.t().contiguous() + 1
 
     text = GUARDS[RefusalCode.LAYOUT_CHANGED][0]
     x = randn(2, 3)
+    # the output's strides would change (the add passes the transposed layout on), and the caller may
+    # `.view` it: refused with metadata, the model's output named as the reader
+    returned = fxrules.apply_rules(Returned(), rules(text), example_inputs=(x,))
+    assert returned.counts == {} and [r.code for r in returned.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
+    assert "the model's output" in returned.report.rejected[0].reason
+    returned.module(x).view(-1)  # what the caller could do before, it still can
+    # a contiguous x: the strides agree, so the rule applies even though its root is returned
+    contiguous_root = fxrules.apply_rules(Returned(), rules(text), example_inputs=(randn(1, 3),))
+    assert contiguous_root.counts == {"wrong_contiguous": 1}
+    # the reader walk is conservative (a reduction does not pass a layout on, yet counts): spurious
+    # refusals are possible, missing ones are not
     result = fxrules.apply_rules(NoView(), rules(text), example_inputs=(x,))
-    assert result.counts == {"wrong_contiguous": 1}
+    assert [r.code for r in result.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
     assert_close(result.module(x), NoView()(x), rtol=0, atol=0)
+    # without metadata the output does not count (docs/semantics.md): only in-graph readers do
+    assert fxrules.apply_rules(Returned(), rules(text)).counts == {"wrong_contiguous": 1}
     # a stride reader after an elementwise op still counts: the op passes its input's layout on
     class ViewAfterAdd(nn.Module):
         def forward(self, x):
@@ -198,7 +215,7 @@ def test_layout_is_kept_only_where_a_later_node_reads_strides():
     refused = fxrules.apply_rules(ViewAfterAdd(), rules(text), example_inputs=(x,))
     assert [r.code for r in refused.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
     # an [approx] rule may change strides: only values are promised
-    approx = fxrules.apply_rules(NoView(), rules(text.replace("[exact]", "[approx]")), example_inputs=(x,))
+    approx = fxrules.apply_rules(Returned(), rules(text.replace("[exact]", "[approx]")), example_inputs=(x,))
     assert approx.counts == {"wrong_contiguous": 1}
 
 

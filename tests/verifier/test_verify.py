@@ -307,3 +307,15 @@ def test_a_counterexample_replays_from_its_reproduce_line():
     assert other.hosts_gap == "did-not-reproduce"
     with pytest.raises(ValueError, match="not a reproduce line"):
         _verify(WRONG_RULES["relu_is_sigmoid"], reproduce="import os")
+
+
+def test_a_nan_original_against_a_finite_rewrite_reports_an_infinite_relative_difference():
+    """exp(log(x)) -> x on a negative x: the original is NaN, the rewrite finite. The counterexample's
+    relative difference was printed as 0 (max() skipped the NaN of inf/NaN)."""
+    original = torch.tensor([float("nan"), 2.0], dtype=torch.float64)
+    rewritten = torch.tensor([-1.0, 2.0], dtype=torch.float64)
+    outcome = compare(rewritten, original, "approx")
+    assert outcome.problem is not None
+    assert outcome.max_rel > 1e300 and outcome.max_abs > 1e300
+    same = compare(original.clone(), original, "approx")
+    assert same.problem is None and same.max_abs == 0 and same.max_rel == 0
