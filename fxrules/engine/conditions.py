@@ -169,10 +169,24 @@ def tensor_info(node: fx.Node) -> Optional[TensorInfo]:
     return None
 
 
+def _sequence_eq(a: Any, b: Any) -> Any:
+    """``==`` where a list, a tuple and a ``torch.Size`` with the same items are equal (Python says
+    ``torch.Size([7, 5]) != [7, 5]``, which made ``$x.shape == [7, 5]`` a condition that never holds)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(bool(_sequence_eq(x, y)) for x, y in zip(a, b))
+    return a == b
+
+
+def _sequence_in(a: Any, b: Any) -> bool:
+    if isinstance(b, (list, tuple)):
+        return any(a is item or bool(_sequence_eq(a, item)) for item in b)
+    return a in b
+
+
 _BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+    "==": _sequence_eq, "!=": lambda a, b: not _sequence_eq(a, b), "<": operator.lt, "<=": operator.le, ">": operator.gt,
     ">=": operator.ge, "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
-    "//": operator.floordiv, "%": operator.mod, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+    "//": operator.floordiv, "%": operator.mod, "in": _sequence_in, "not in": lambda a, b: not _sequence_in(a, b),
 }
 
 _CAPTURE_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
@@ -302,7 +316,8 @@ class Evaluator:
         if kind is A.CCall:
             return self.call(cond)
         if kind is A.CList:
-            return _bounded([self.value(i) for i in cond.items])  # each item is bounded: its weight is cheap
+            items = [self.value(i) for i in cond.items]  # each item is bounded: its weight is cheap
+            return _bounded(tuple(items) if cond.parens else items)
         if kind is A.CUnary:
             if cond.op == "not":
                 return not self.truth(cond.operand)

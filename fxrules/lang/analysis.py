@@ -779,7 +779,7 @@ class _Renamer:
             return None if func is None or any(a is None for a in args) else A.CCall(func, tuple(args))
         if isinstance(cond, A.CList):
             items = [self.cond(i) for i in cond.items]
-            return None if any(i is None for i in items) else A.CList(tuple(items))
+            return None if any(i is None for i in items) else A.CList(tuple(items), parens=cond.parens)
         if isinstance(cond, A.CUnary):
             operand = self.cond(cond.operand)
             return None if operand is None else A.CUnary(cond.op, operand)

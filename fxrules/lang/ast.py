@@ -281,8 +281,11 @@ class CCall:
 
 @dataclass(frozen=True, slots=True)
 class CList:
+    """A list ``[a, b]`` or, with ``parens``, a tuple ``(a, b)``/``(a,)``. Both compare equal to a
+    shape or any other sequence with the same items (fxrules/engine/conditions.py)."""
     items: tuple["Cond", ...]
     span: Span = _span()
+    parens: bool = False
 
 
 @dataclass(frozen=True, slots=True)

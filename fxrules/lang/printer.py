@@ -407,6 +407,8 @@ def _expand_cond(node: object, minimum: int) -> list:
             return [(value, _POSTFIX), "[", (index, 0), "]"]
         case A.CCall(func=func, args=args):
             return [(func, _POSTFIX), "(", *_joined(args, 0), ")"]
+        case A.CList(items=items, parens=True):
+            return ["(", *_joined(items, 0), ",)" if len(items) == 1 else ")"]  # `()` when empty
         case A.CList(items=items):
             return ["[", *_joined(items, 0), "]"]
         case A.CGenerator(element=element, var=var, iterable=iterable, filter=None):

@@ -496,6 +496,12 @@ class Reductions:
     def r_c_list(self, ch: list) -> A.CList:  # LSQB (cond (COMMA cond)* COMMA?)? RSQB
         return A.CList(tuple(ch[1:-1:2]), self._tokens_span(ch[0], ch[-1]))
 
+    def r_c_tuple(self, ch: list) -> A.CList:  # LPAR cond COMMA (cond (COMMA cond)* COMMA?)? RPAR
+        return A.CList(tuple(ch[1:-1:2]), self._tokens_span(ch[0], ch[-1]), parens=True)
+
+    def r_c_empty_tuple(self, ch: list) -> A.CList:  # LPAR RPAR
+        return A.CList((), self._tokens_span(ch[0], ch[-1]), parens=True)
+
     r_primary = r_group  # LPAR cond RPAR
 
 

@@ -252,3 +252,40 @@ def test_a_generator_reading_metadata_makes_the_rule_need_metadata():
     [program] = compile_rules(rules("rule r [changes]: call_function torch.relu($x) where all(d > 1 for d in $x.shape) "
                                     "-> call_function torch.sigmoid($x)")).programs
     assert program.needs_metadata
+
+
+@pytest.mark.parametrize("condition, applies", [
+    ("$x.shape == (7, 5)", True),
+    ("$x.shape == [7, 5]", True),  # a list equals a shape with the same items (Python says torch.Size != list)
+    ("tuple($x.shape) == [7, 5]", True),
+    ("$x.shape in [(1, 2), [7, 5]]", True),
+    ("$x.shape[0] in (7,)", True),
+    ("$x.shape != (7, 5)", False),
+    ("$x.shape == (5, 7)", False),
+    ("$x.shape == (7,)", False),
+    ("$x.shape == ()", False),
+    ("$x.shape not in [(7, 5)]", False),
+    ("[(7, 5)] == [[7, 5]]", True),  # nested sequences compare item by item too
+])
+def test_tuples_lists_and_shapes_compare_by_items(condition, applies):
+    text = f"rule r [exact]:\n    call_function torch.relu(call_function torch.relu($x)) where {condition} -> call_function torch.relu($x)"
+
+    class Twice(nn.Module):
+        def forward(self, x):
+            return torch.relu(torch.relu(x))
+
+    x = torch.randn(7, 5)
+    result = fxrules.apply_rules(Twice(), rules(text), example_inputs=(x,))
+    assert result.counts == ({"r": 1} if applies else {}), condition
+    assert torch.equal(result.module(x), Twice()(x))
+
+
+def test_an_empty_tuple_is_a_scalar_shape():
+    text = "rule r [exact]:\n    call_function torch.relu(call_function torch.relu($x)) where $x.shape == () -> call_function torch.relu($x)"
+
+    class Twice(nn.Module):
+        def forward(self, x):
+            return torch.relu(torch.relu(x))
+
+    assert fxrules.apply_rules(Twice(), rules(text), example_inputs=(torch.tensor(1.5),)).counts == {"r": 1}
+    assert fxrules.apply_rules(Twice(), rules(text), example_inputs=(torch.ones(1),)).counts == {}
