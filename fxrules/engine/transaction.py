@@ -367,6 +367,8 @@ class Workpiece:
         self.new_modules[name] = module
         if self._lookup is not None:
             self._lookup[name] = module
+        if reuse:  # the nodes still calling the name now call this module (what it writes may differ)
+            self.effects.module_replaced(self.callers_of(name))
         return name
 
     # -- commit ----------------------------------------------------------------
