@@ -80,6 +80,7 @@ class Effects:
         self._writes: dict = {}  # call_function target -> _WRITES_* kind
         self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
         self._known_classes: dict = {}  # module class -> whether it computes as a torch.nn class
+        self._flags: dict = {}  # id(module) -> (module, (writes its input, marked impure))
         self._programs: dict = {}  # id(program) -> (program, its replacement calls)
         self.call_aliases: dict = {}  # id(RCall) -> (RCall, whether its result may alias), where static
         self._storages: Optional[tuple] = None  # (graph, storage keys its nodes write through their inputs)
@@ -114,8 +115,14 @@ class Effects:
         module = self.module_of(target)
         if module is None:
             return (False, False)
-        return (_module_attr(module, "inplace", False, self._classes) is True,
-                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)))
+        # per module object, for the run: a rewrite never changes an existing module's attributes
+        # (new modules are new objects; the entry keeps its module alive, so its id stays its own)
+        entry = self._flags.get(id(module))
+        if entry is None or entry[0] is not module:
+            entry = self._flags[id(module)] = (module, (
+                _module_attr(module, "inplace", False, self._classes) is True,
+                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes))))
+        return entry[1]
 
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node; every input for a
