@@ -495,9 +495,36 @@ def _reader_targets() -> tuple:
     return tuple(found)
 
 
+@functools.cache
+def _reader_keys() -> frozenset:
+    return frozenset(_reader_targets())
+
+
 def has_stride_reader(graph: fx.Graph) -> bool:
     """Whether any node of ``graph`` reads strides (:func:`_reads_strides`)."""
-    return any(graph.find_nodes(op=op, target=target) for op, target in _reader_targets())
+    return count_stride_readers(graph) > 0
+
+
+def count_stride_readers(graph: fx.Graph) -> int:
+    """How many nodes of ``graph`` read strides: one indexed lookup per function target, one pass
+    over the call_method nodes (``Graph.find_nodes`` with a method name walks them all, per name)."""
+    count = 0
+    methods = set()
+    for op, target in _reader_targets():
+        if op == "call_function":
+            count += len(graph.find_nodes(op=op, target=target))
+        else:
+            methods.add(target)
+    count += sum(1 for node in graph.find_nodes(op="call_method") if node.target in methods)
+    return count
+
+
+def is_stride_reader(node: fx.Node) -> bool:
+    """Whether ``node`` is of a kind :func:`count_stride_readers` counts."""
+    try:
+        return (node.op, node.target) in _reader_keys()
+    except TypeError:  # an unhashable target
+        return False
 
 
 def layout_unknown(work: Any, match: Match) -> Optional[Refusal]:
@@ -509,7 +536,11 @@ def layout_unknown(work: Any, match: Match) -> Optional[Refusal]:
     holds in every mode: a rule is never applied where a stride reader could see a changed layout (with
     metadata only where the strides differ; without, wherever such a reader exists). The verifier relies
     on this to count a ``layout-changed`` refusal on a host as a non-application (docs/verify.md)."""
-    if not match.roots or not has_stride_reader(match.roots[0].graph):
+    if not match.roots:
+        return None
+    graph = match.roots[0].graph
+    known = getattr(work, "has_stride_reader", None)  # the workpiece keeps a count as nodes come and go
+    if not (known() if known is not None and graph is work.graph else has_stride_reader(graph)):
         return None
     for index, root in enumerate(match.roots):
         item = match.program.replacements[index]

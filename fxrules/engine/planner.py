@@ -80,6 +80,7 @@ class Effects:
         self._writes: dict = {}  # call_function target -> _WRITES_* kind
         self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
         self._known_classes: dict = {}  # module class -> whether it computes as a torch.nn class
+        self._flags: dict = {}  # id(module) -> (module, (writes its input, marked impure))
         self._programs: dict = {}  # id(program) -> (program, its replacement calls)
         self.call_aliases: dict = {}  # id(RCall) -> (RCall, whether its result may alias), where static
         self._storages: Optional[tuple] = None  # (graph, storage keys its nodes write through their inputs)
@@ -87,6 +88,10 @@ class Effects:
         # (graph, {call_module node: its entry}) for the nodes whose calls write something: built by one
         # walk, then kept by node_created/node_erased, so a check does not walk every module call
         self._writers: Optional[tuple] = None
+        # (graph, {node: None}) for the nodes that write an input in place (mutated_inputs not empty):
+        # one walk per run, then kept by node_created/node_erased/module_replaced. Empty on most graphs,
+        # which lets the checks that look for a write (replaced_by_value, reads_across_mutation) stop early.
+        self._writer_nodes: Optional[tuple] = None
         self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known)
 
     def _attr_through_modules(self, target: str) -> Any:
@@ -110,8 +115,14 @@ class Effects:
         module = self.module_of(target)
         if module is None:
             return (False, False)
-        return (_module_attr(module, "inplace", False, self._classes) is True,
-                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)))
+        # per module object, for the run: a rewrite never changes an existing module's attributes
+        # (new modules are new objects; the entry keeps its module alive, so its id stays its own)
+        entry = self._flags.get(id(module))
+        if entry is None or entry[0] is not module:
+            entry = self._flags[id(module)] = (module, (
+                _module_attr(module, "inplace", False, self._classes) is True,
+                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes))))
+        return entry[1]
 
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node; every input for a
@@ -275,19 +286,19 @@ class Effects:
         """Whether ``graph`` may write ``tensor``'s storage in place (see :meth:`written_storages`)."""
         if fxaccess.global_hook_kinds():
             return True
+        written = self._input_writes(graph)
+        modules = list(self._module_writes(graph))
+        if not written and not modules:  # the usual graph: nothing written, no storage key needed
+            return False
         key = aliasing.storage_key(tensor)
-        if key in self._input_writes(graph):
-            return True
-        return any(key in keys for keys in self._module_writes(graph))
+        return key in written or any(key in keys for keys in modules)
 
     def _input_writes(self, graph: fx.Graph) -> frozenset:
         """Storage keys of get_attr tensors that nodes write through their inputs (once per run)."""
         if self._storages is not None and self._storages[0] is graph:
             return self._storages[1]
         keys: set = set()
-        for node in graph.nodes:
-            if node.op in ("placeholder", "output", "get_attr"):
-                continue
+        for node in list(self.writers(graph)):
             for written in self.mutated_inputs(node):
                 for root in self.aliasing.roots(written):
                     if root.op == "get_attr":
@@ -326,8 +337,42 @@ class Effects:
             entry = self._module_keys[node] = (module, self._module_call_writes(module))
         return entry
 
+    def writers(self, graph: fx.Graph) -> dict:
+        """The nodes of ``graph`` that write one of their inputs in place (:meth:`mutated_inputs` not
+        empty; every call the engine does not know), as a dict used as an ordered set. The first call
+        walks the graph; the workpiece then reports each node it creates or erases and each module it
+        puts under a name that nodes call (:meth:`node_created`, :meth:`node_erased`,
+        :meth:`module_replaced`). Nothing else makes a node a writer: its target never changes, and a
+        rewire replaces a node argument by another node."""
+        entry = self._writer_nodes
+        if entry is None or entry[0] is not graph:
+            found: dict = {}
+            for node in graph.nodes:
+                if node.op not in _NOT_CALLS and self.mutated_inputs(node):
+                    found[node] = None
+            entry = self._writer_nodes = (graph, found)
+        return entry[1]
+
+    def _note_writer(self, node: fx.Node) -> None:
+        entry = self._writer_nodes
+        if entry is not None and node.graph is entry[0]:
+            if node.op not in _NOT_CALLS and self.mutated_inputs(node):
+                entry[1][node] = None
+            else:
+                entry[1].pop(node, None)
+
+    def module_replaced(self, callers: Any) -> None:
+        """A new module now stands under the name that ``callers`` (call_module nodes) call."""
+        for node in list(callers):
+            self._note_writer(node)
+            if self._writers is not None and node.graph is self._writers[0]:
+                entry = self._module_entry(node)
+                if entry[1]:
+                    self._writers[1][node] = entry
+
     def node_created(self, node: fx.Node) -> None:
         """A node the rewrite made (or kept): a module call that writes joins the writers."""
+        self._note_writer(node)
         if node.op == "call_module" and self._writers is not None and node.graph is self._writers[0]:
             entry = self._module_entry(node)
             if entry[1]:
@@ -335,6 +380,8 @@ class Effects:
 
     def node_erased(self, node: fx.Node) -> None:
         self._module_keys.pop(node, None)
+        if self._writer_nodes is not None:
+            self._writer_nodes[1].pop(node, None)
         if self._writers is not None:
             self._writers[1].pop(node, None)
 
@@ -377,6 +424,7 @@ def module_hooks(module: Any) -> list:
 
 
 _UNKNOWN = object()
+_NOT_CALLS = frozenset({"placeholder", "output", "get_attr"})
 
 
 def _module_attr(module: Any, name: str, default: Any, classes: Optional[dict] = None) -> Any:
@@ -738,6 +786,8 @@ def replaced_by_value(match: Match, effects: Effects) -> Optional[Refusal]:
                                f"the replacement would replace %{root.name} by the literal {value!r}", (root.name,))
         elif not analysis.bases(root) and not _template_may_alias(replacement, match, effects):
             continue
+        if not effects.writers(root.graph):  # no node of the graph writes in place
+            continue
         hit = analysis.first_write(analysis.descendants(root), effects.mutated_inputs, skip=matched)
         if hit is None:
             continue
@@ -766,6 +816,8 @@ def reads_across_mutation(match: Match, effects: Effects, inputs: list) -> Optio
     """
     matched = match.bindings.nodes
     roots = match.roots
+    if not inputs or not effects.writers(roots[0].graph):  # nothing to read, or no node writes in place
+        return None
     first = min(matched) if matched else min(roots)
     analysis = effects.aliasing
     aliases_root = any(isinstance(r, RValue) or _template_may_alias(r, match, effects) or analysis.bases(root)

@@ -224,6 +224,7 @@ class Workpiece:
         self._node_names: dict = {}  # (op, target) -> the base name torch gives such a node
         self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
         self.effects = Effects(self.module_of, self.attr_of)
+        self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
 
     # -- creating nodes ----------------------------------------------------------
     def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
@@ -319,13 +320,24 @@ class Workpiece:
             for i in range(1, len(parts)):
                 below[".".join(parts[:i])] = below.get(".".join(parts[:i]), 0) + 1
 
+    def has_stride_reader(self) -> bool:
+        """Whether a node of the graph reads strides (``guards.is_stride_reader``): counted once,
+        then kept up to date by :meth:`created` and :meth:`erased`."""
+        if self._stride_readers is None:
+            self._stride_readers = guards.count_stride_readers(self.graph)
+        return self._stride_readers > 0
+
     def created(self, node: fx.Node) -> None:
         self.effects.node_created(node)
+        if self._stride_readers is not None and guards.is_stride_reader(node):
+            self._stride_readers += 1
         if self._callers is not None:
             self._add_to_index(node, self._callers, self._read_below)
 
     def erased(self, node: fx.Node) -> None:
         self.effects.node_erased(node)
+        if self._stride_readers is not None and guards.is_stride_reader(node):
+            self._stride_readers -= 1
         if self._callers is None:
             return
         if node.op == "call_module":
@@ -355,6 +367,8 @@ class Workpiece:
         self.new_modules[name] = module
         if self._lookup is not None:
             self._lookup[name] = module
+        if reuse:  # the nodes still calling the name now call this module (what it writes may differ)
+            self.effects.module_replaced(self.callers_of(name))
         return name
 
     # -- commit ----------------------------------------------------------------

@@ -647,3 +647,36 @@ def test_the_private_torch_members_this_reads():
         assert fxaccess.global_hook_kinds() == ["forward_pre_hooks"]
     finally:
         handle.remove()
+
+
+def test_writers_follow_created_erased_nodes_and_modules_replaced_under_a_name():
+    """Effects.writers (the nodes writing an input in place, found once per run) is kept by the
+    workpiece: a module put under a name a node calls, a new in-place node, an erased one."""
+    from fxrules.engine.transaction import Workpiece
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = torch.nn.ReLU()
+
+        def forward(self, x):
+            return self.act(x + 1)
+
+    gm = torch.fx.symbolic_trace(Model())
+    work = Workpiece(gm.graph, gm, class_name="Model")
+    effects = work.effects
+    assert list(effects.writers(gm.graph)) == []
+    act = next(n for n in gm.graph.nodes if n.op == "call_module")
+    work.add_module("act", torch.nn.ReLU(inplace=True), reuse=True)
+    assert list(effects.writers(gm.graph)) == [act]
+    add = next(n for n in gm.graph.nodes if n.op == "call_function")
+    with gm.graph.inserting_after(add):
+        written = work.new_node("call_method", "add_", (add, 1), {})
+    work.created(written)
+    assert set(effects.writers(gm.graph)) == {act, written}
+    work.erase(written)
+    assert list(effects.writers(gm.graph)) == [act]
+    # the same answer as a fresh walk
+    fresh = Workpiece(gm.graph, gm, class_name="Model")
+    fresh.new_modules.update(work.new_modules)
+    assert list(fresh.effects.writers(gm.graph)) == [act]

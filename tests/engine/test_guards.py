@@ -243,6 +243,43 @@ def test_without_metadata_a_root_whose_strides_a_later_node_reads_is_not_replace
     assert "strides (6, 1)" in with_metadata.report.rejected[0].reason
 
 
+def test_a_stride_reader_made_by_an_earlier_rewrite_counts_for_the_layout_guard():
+    """The workpiece counts the graph's stride readers once and keeps the count as rewrites create and
+    erase nodes: a `.view` made by an earlier rewrite of the same run makes a later [exact] match,
+    without metadata, refused (the erasing side: the next test)."""
+    class ReshapeThenNegNeg(nn.Module):
+        def forward(self, x):
+            s = x[::2]
+            return s.reshape(-1) + 1, (-(-s)).reshape(-1) * 2
+
+    to_view = "rule to_view [changes]: call_method reshape($x, $s) -> call_method view($x, $s)\n"
+    double_neg = "rule double_neg [exact]: call_function operator.neg(call_function operator.neg($x)) -> $x\n"
+    made = fxrules.apply_rules(ReshapeThenNegNeg(), rules(to_view + double_neg))
+    assert made.counts == {"to_view": 2}
+    assert [r.code for r in made.report.rejected] == [RefusalCode.LAYOUT_CHANGED]
+    assert fxrules.apply_rules(ReshapeThenNegNeg(), rules(double_neg)).counts == {"double_neg": 1}
+
+
+def test_workpiece_stride_reader_count_follows_created_and_erased_nodes():
+    from fxrules.engine import guards
+    from fxrules.engine.transaction import Workpiece
+
+    class Plain(nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    gm = torch.fx.symbolic_trace(Plain())
+    work = Workpiece(gm.graph, gm, class_name="Plain")
+    assert not work.has_stride_reader()
+    x = next(iter(gm.graph.nodes))
+    with gm.graph.inserting_after(x):
+        view = work.new_node("call_method", "view", (x, -1), {})
+    work.created(view)
+    assert work.has_stride_reader() and guards.count_stride_readers(gm.graph) == 1
+    work.erase(view)
+    assert not work.has_stride_reader() and guards.count_stride_readers(gm.graph) == 0
+
+
 def test_output_aliasing_of_other_outputs_is_refused_and_of_inputs_allowed():
     class Copies(nn.Module):
         def forward(self, x):
