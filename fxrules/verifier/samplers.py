@@ -422,15 +422,6 @@ def default_catalogue() -> Catalogue:
                          Param("keepdim", "bool", optional=True), min_rank=1)
         cat.add_method(name, Param("self", "tensor"), Param("dim", "dim", of="self", optional=True),
                        Param("keepdim", "bool", optional=True), min_rank=1)
-    # variance and standard deviation, and their fused pair with the mean (fxrules/library/fuse/moments.fxr)
-    for name in ("var", "std"):
-        cat.add_function(getattr(torch, name), x, Param("dim", "dim", of="input"), Param("unbiased", "bool"),
-                         Param("keepdim", "bool", optional=True), min_rank=1)
-        cat.add_method(name, Param("self", "tensor"), Param("dim", "dim", of="self"), Param("unbiased", "bool"),
-                       Param("keepdim", "bool", optional=True), min_rank=1)
-    for name in ("var_mean", "std_mean"):
-        cat.add_function(getattr(torch, name), x, Param("dim", "dim", of="input"), Param("unbiased", "bool"),
-                         Param("keepdim", "bool", optional=True), min_rank=1)
     for function in (torch.softmax, F.softmax, torch.log_softmax, F.log_softmax):
         cat.add_function(function, x, Param("dim", "dim", of="input"), min_rank=1)
     cat.add_method("softmax", Param("self", "tensor"), Param("dim", "dim", of="self"), min_rank=1)
