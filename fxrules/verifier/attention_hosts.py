@@ -24,6 +24,11 @@ recognises an attention pattern (:func:`attention_roles`) and draws its captures
   these hosts draw (``FINITE_ROLES``; docs/verify.md says so, tests/test_fuse.py shows the difference).
   Everything else in the host (upstream inputs, other captures) is drawn as usual.
 * **the dropout probability**: 0.0, 0.1 or 0.5 (the pattern's training flag is used as written).
+* **a bool mask** applied with ``torch.where(keep, scores, fill)`` or ``scores.masked_fill(drop, fill)``
+  (``BOOL_MASK_SHAPES``: padding, square, causal, the scores' shape, or a near miss: 1-D, wider than
+  the scores, floating), keeping at least one key of every query (``MASK_KEEPS_A_KEY``: the domain of
+  fxrules/library/fuse/attention_bool_mask.fxr), and **the fill** (``FILL_SPELLINGS``: the dtype's
+  minimum, float32's, ``-inf``, or a near miss that leaves masked keys a weight: ``-1e4``, ``0``).
 
 And, so that the conditions of attention rules are tested against the spellings inductor's SDPA
 fusions got wrong in 2026 (wrong outputs, silently):
