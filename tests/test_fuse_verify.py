@@ -114,7 +114,7 @@ def test_every_bool_mask_rule_gets_attention_hosts(name):
     assert roles is not None
     assert (roles.query, roles.key, roles.value, roles.scale, roles.fill) == ("q", "k", "v", "s", "f")
     assert (roles.keep, roles.drop) == (("c", None) if "where" in name else (None, "m"))
-    assert roles.key_calls and roles.mask is None
+    assert roles.key_calls and roles.mask == ("m" if name.endswith("_mask") else None)
 
 
 PLANTED_BOOL = '''
