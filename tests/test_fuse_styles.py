@@ -53,12 +53,61 @@ class Gpt2EagerAttention(nn.Module):
         return out.reshape(BATCH, SEQ, -1)
 
 
+class Gpt2WhereAttention(nn.Module):
+    """GPT-2 before transformers v5 (and inductor's fuse_attention patterns 18/19): a bool causal mask
+    from a buffer, applied with ``torch.where(causal, weights, finfo(float32).min)``; the scale a
+    Python number (``/ head_dim ** 0.5``); an eval-mode functional dropout; heads merged back."""
+
+    def __init__(self):
+        super().__init__()
+        self.head_dim = HIDDEN // HEADS
+        self.c_attn = nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.register_buffer("bias", torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool)).view(1, 1, SEQ, SEQ))
+
+    def forward(self, hidden):
+        q, k, v = self.c_attn(hidden).split(HIDDEN, dim=2)
+        q, k, v = (t.view(BATCH, SEQ, HEADS, self.head_dim).permute(0, 2, 1, 3) for t in (q, k, v))
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / (self.head_dim ** 0.5)
+        w = torch.where(self.bias[:, :, :SEQ, :SEQ], w, torch.finfo(torch.float32).min)
+        w = F.softmax(w, dim=-1)
+        w = F.dropout(w, p=0.1, training=self.training)
+        out = torch.matmul(w, v)
+        return out.permute(0, 2, 1, 3).reshape(BATCH, SEQ, HIDDEN)
+
+
+class DistilBertMaskedAttention(nn.Module):
+    """transformers' DistilBERT MultiHeadSelfAttention with its padding mask: q / sqrt(d) before the
+    product, ``scores.masked_fill(mask == 0 viewed (B, 1, 1, Lk), finfo(float32).min)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.dim_per_head = HIDDEN // HEADS
+        self.q_lin, self.k_lin, self.v_lin = (nn.Linear(HIDDEN, HIDDEN) for _ in range(3))
+
+    def forward(self, hidden, mask):
+        def shape(x):
+            return x.view(BATCH, -1, HEADS, self.dim_per_head).transpose(1, 2)
+
+        q, k, v = shape(self.q_lin(hidden)), shape(self.k_lin(hidden)), shape(self.v_lin(hidden))
+        q = q / self.dim_per_head ** 0.5
+        scores = torch.matmul(q, k.transpose(2, 3))
+        scores = scores.masked_fill((mask == 0).view(BATCH, 1, 1, SEQ), torch.finfo(torch.float32).min)
+        weights = F.softmax(scores, dim=-1)
+        context = torch.matmul(weights, v)
+        return context.transpose(1, 2).reshape(BATCH, -1, HIDDEN)
+
+
 def _inputs(style: str) -> tuple:
     torch.manual_seed(0)
     hidden = torch.randn(BATCH, SEQ, HIDDEN)
     if style == "bert":
         mask = torch.zeros(BATCH, 1, 1, SEQ)
         mask[0, ..., -2:] = torch.finfo(torch.float32).min
+        return hidden, mask
+    if style == "distilbert_mask":
+        mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+        mask[0, -2:] = 0
         return hidden, mask
     if style == "gpt2":
         causal = torch.full((SEQ, SEQ), torch.finfo(torch.float32).min).triu(1)
@@ -67,11 +116,13 @@ def _inputs(style: str) -> tuple:
 
 
 STYLES = {"bert": BertSelfAttention, "gpt2": Gpt2EagerAttention, "distilbert": DistilBertAttention,
-          "vit": VitAttention}
+          "vit": VitAttention, "gpt2_where": Gpt2WhereAttention, "distilbert_mask": DistilBertMaskedAttention}
 TRACED_RULE = {"bert": "sdpa_div_scale_mask", "gpt2": "sdpa_mul_scale_mask", "distilbert": "sdpa_prescaled_div",
-               "vit": "sdpa_mul_scale"}
+               "vit": "sdpa_mul_scale", "gpt2_where": "sdpa_where_div_scale",
+               "distilbert_mask": "sdpa_masked_fill_prescaled_div"}
 EXPORTED_RULE = {"bert": "aten_sdpa_div_scale_mask", "gpt2": "aten_sdpa_mul_scale_mask",
-                 "distilbert": "aten_sdpa_prescaled_div", "vit": "aten_sdpa_mul_scale"}
+                 "distilbert": "aten_sdpa_prescaled_div", "vit": "aten_sdpa_mul_scale",
+                 "gpt2_where": "aten_sdpa_where_div_scale", "distilbert_mask": "aten_sdpa_masked_fill_prescaled_div"}
 
 
 def _sdpa_nodes(module) -> list:
@@ -99,7 +150,7 @@ def test_traced_attention_fuses_and_keeps_outputs(style):
     assert_close(got, reference)
 
 
-@pytest.mark.parametrize("style", sorted(STYLES))
+@pytest.mark.parametrize("style", sorted(EXPORTED_RULE))
 def test_exported_attention_fuses_and_keeps_outputs(style):
     model = STYLES[style]().eval()
     inputs = _inputs(style)

@@ -101,3 +101,53 @@ def test_inductors_wrong_fusions_are_found(name):
     report = fxrules.verify(rules.select(names=[name]), max_examples=60, seed=0, grad=False)
     verdict = report[name]
     assert verdict.grade == "wrong", verdict.render()
+
+
+# ------------------------------------------- bool masks (fuse/attention_bool_mask.fxr): where, masked_fill
+
+BOOL_MASK = fxrules.load_rules(fxrules.LIBRARY / "fuse" / "attention_bool_mask.fxr")
+
+
+@pytest.mark.parametrize("name", BOOL_MASK.names)
+def test_every_bool_mask_rule_gets_attention_hosts(name):
+    roles = attention_roles(_roots(BOOL_MASK, name))
+    assert roles is not None
+    assert (roles.query, roles.key, roles.value, roles.scale, roles.fill) == ("q", "k", "v", "s", "f")
+    assert (roles.keep, roles.drop) == (("c", None) if "where" in name else (None, "m"))
+    assert roles.key_calls and roles.mask == ("m" if name.endswith("_mask") else None)
+
+
+PLANTED_BOOL = '''
+rule any_fill "wrong: a fill of -1e4 or 0 leaves masked keys a weight" [approx]:
+    call_function torch.matmul(
+        call_function F.softmax(
+            call_function torch.where($c, call_function operator.mul(call_function torch.matmul($q, call_method transpose($k, -2, -1)), $s) as sc, $f) as a,
+            -1,
+        ),
+        $v,
+    )
+    where is_constant($s) and not is_floating($s * 1.0) and $c.dtype == torch.bool and $c.ndim >= 2
+    where a.shape == sc.shape and $q.dtype in [torch.float32, torch.float64]
+    -> call_function F.scaled_dot_product_attention($q, $k, $v, attn_mask=$c, scale={1.0 * $s})
+
+rule drop_taken_for_keep "wrong: masked_fill's mask (True drops) passed to SDPA as is (True keeps)" [approx]:
+    call_function torch.matmul(
+        call_function F.softmax(
+            call_method masked_fill(call_function operator.mul(call_function torch.matmul($q, call_method transpose($k, -2, -1)), $s) as sc, $m, $f) as a,
+            -1,
+        ),
+        $v,
+    )
+    where is_constant($s) and not is_floating($s * 1.0) and $m.dtype == torch.bool and $m.ndim >= 2
+    where is_constant($f) and not is_floating($f * 1.0) and $f <= -1e30
+    where a.shape == sc.shape and $q.dtype in [torch.float32, torch.float64]
+    -> call_function F.scaled_dot_product_attention($q, $k, $v, attn_mask=$m, scale={1.0 * $s})
+'''
+
+
+@pytest.mark.parametrize("name", ["any_fill", "drop_taken_for_keep"])
+def test_wrong_bool_mask_fusions_are_found(name):
+    rules = fxrules.parse_rules(PLANTED_BOOL)
+    assert attention_roles(_roots(rules, name)) is not None
+    report = fxrules.verify(rules.select(names=[name]), max_examples=60, seed=0, grad=False)
+    assert report[name].grade == "wrong", report[name].render()

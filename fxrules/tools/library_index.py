@@ -34,9 +34,12 @@ FAMILIES: dict[str, str] = {
     "aten": "The cleanup rules at the aten level, for `torch.export` programs.",
     "fuse": "Fuse written-out attention into `scaled_dot_product_attention` (inductor's fuse_attention patterns, "
             "traced and `torch.export` spellings; `[approx]` on finite inputs, conditions ruling out inductor's "
-            "wrong fusions: fuse/attention.fxr says why each is sound); fuse conv/linear/batch norm + ReLU into "
+            "wrong fusions: fuse/attention.fxr says why each is sound; bool masks applied with `torch.where` "
+            "(GPT-2) or `masked_fill` (DistilBERT) in fuse/attention_bool_mask.fxr, on inputs where every query "
+            "keeps a key); fuse conv/linear/batch norm + ReLU into "
             "torch.ao.nn.intrinsic modules for inference, as torch.ao.quantization.fuse_modules does; and collapse "
-            "no-ops the other families lack (casts to the same dtype, reshapes and views to the same shape, a "
+            "no-ops the other families lack (casts to the same dtype, a cast to float64 and back, two equal "
+            "widening casts of one tensor, reshapes and views to the same shape, a "
             "transpose of a dimension with itself, an identity permutation of any rank). The training-mode fusion "
             "of an active dropout changes the random numbers drawn and stays in `incubating/attention.fxr` in the "
             "repository.",

@@ -24,6 +24,11 @@ recognises an attention pattern (:func:`attention_roles`) and draws its captures
   these hosts draw (``FINITE_ROLES``; docs/verify.md says so, tests/test_fuse.py shows the difference).
   Everything else in the host (upstream inputs, other captures) is drawn as usual.
 * **the dropout probability**: 0.0, 0.1 or 0.5 (the pattern's training flag is used as written).
+* **a bool mask** applied with ``torch.where(keep, scores, fill)`` or ``scores.masked_fill(drop, fill)``
+  (``BOOL_MASK_SHAPES``: padding, square, causal, the scores' shape, or a near miss: 1-D, wider than
+  the scores, floating), keeping at least one key of every query (``MASK_KEEPS_A_KEY``: the domain of
+  fxrules/library/fuse/attention_bool_mask.fxr), and **the fill** (``FILL_SPELLINGS``: the dtype's
+  minimum, float32's, ``-inf``, or a near miss that leaves masked keys a weight: ``-1e4``, ``0``).
 
 And, so that the conditions of attention rules are tested against the spellings inductor's SDPA
 fusions got wrong in 2026 (wrong outputs, silently):
@@ -70,6 +75,8 @@ _SOFTMAXES = frozenset({F.softmax, torch.softmax, "softmax", aten.softmax.int, a
 _SCALES = frozenset({operator.mul, torch.mul, "mul", operator.truediv, torch.div, "div", aten.mul.Tensor,
                      aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar})
 _ADDS = frozenset({operator.add, torch.add, "add", aten.add.Tensor})
+_WHERES = frozenset({torch.where, aten.where.self, aten.where.ScalarOther})  # where(keep, scores, fill)
+_MASKED_FILLS = frozenset({"masked_fill", torch.masked_fill, aten.masked_fill.Scalar})  # (scores, drop, fill)
 _DROPOUTS = frozenset({F.dropout, torch.dropout, aten.dropout.default})
 _CASTS = frozenset({"to", "type", aten.to.dtype, aten._to_copy.default})
 _TRANSPOSES = frozenset({"transpose", torch.transpose, aten.transpose.int})
@@ -86,6 +93,14 @@ FINITE_ROLES = ("query", "key", "value", "scale", "mask")
 """The parts drawn with finite values only (the SDPA fusions' domain: see the module docstring)."""
 SCALE_SPELLINGS = ("0.125", "1/sqrt(d)", "d**-0.5", "sqrt(d)", "int", "1.0", "0", "tensor")
 MASK_SHAPES = ("padding", "padding", "square", "scores", "scores", "bool", "1-D", "wider")
+BOOL_MASK_SHAPES = ("padding", "square", "causal", "scores", "1-D", "wider", "float")
+"""A bool mask's shapes (where's keep, masked_fill's drop): as models shape it, and near misses (1-D,
+broadcasting the scores larger, a float mask: a rule must refuse each)."""
+MASK_KEEPS_A_KEY = True
+"""The bool-mask fusions' domain (fxrules/library/fuse/attention_bool_mask.fxr): every query keeps at
+least one key; a drawn bool mask keeps one in each row (a row masking every key is averaged by the
+written-out softmax with a finite fill, and is 0 in SDPA)."""
+FILL_SPELLINGS = ("finfo.min", "finfo.min", "float32 min", "-inf", "-1e4", "0.0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +113,9 @@ class AttentionRoles:
     key_calls: tuple  # the PCall patterns that transpose or permute the key
     scale: Optional[str] = None
     mask: Optional[str] = None
+    keep: Optional[str] = None  # a bool mask, True where a key is kept (torch.where's condition)
+    drop: Optional[str] = None  # a bool mask, True where a key is dropped (masked_fill's mask)
+    fill: Optional[str] = None  # the value where or masked_fill writes at masked keys
     dropout: Optional[str] = None
     bmm: bool = False  # a 3-D batched product: q, k and v are 3-D
 
@@ -188,6 +206,14 @@ class _Roles:
                 self.bmm = self.bmm or _kind(option, _BMMS)
                 self.query(args[0])
                 self.key(args[1])
+            elif _kind(option, _WHERES) and len(args) == 3:
+                self.assign("keep", args[0])
+                self.scores(args[1])
+                self.assign("fill", args[2])
+            elif _kind(option, _MASKED_FILLS) and len(args) == 3:
+                self.scores(args[0])
+                self.assign("drop", args[1])
+                self.assign("fill", args[2])
             elif (_kind(option, _SCALES) or _kind(option, _ADDS)) and len(args) == 2:
                 inner, other = (args[0], args[1]) if self.has_product(args[0]) else (args[1], args[0])
                 self.scores(inner)
@@ -237,7 +263,8 @@ def attention_roles(roots: tuple) -> Optional[AttentionRoles]:
     if not walk.ok or not {"query", "key", "value"} <= set(found) or len(set(found.values())) != len(found):
         return None
     return AttentionRoles(found["query"], found["key"], found["value"], tuple(walk.key_calls), found.get("scale"),
-                          found.get("mask"), found.get("dropout"), walk.bmm)
+                          found.get("mask"), found.get("keep"), found.get("drop"), found.get("fill"),
+                          found.get("dropout"), walk.bmm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +337,10 @@ class AttentionHostWriter(HostGraphWriter):
             return self.mask(param)
         if name == roles.dropout:
             return self.draw(st.sampled_from([0.0, 0.1, 0.5]), label="dropout p")
+        if name in (roles.keep, roles.drop):
+            return self.bool_mask(param, keep=name == roles.keep)
+        if name == roles.fill:
+            return self.fill()
         return _NONE
 
     def scale(self, param: Param) -> Any:
@@ -331,6 +362,42 @@ class AttentionHostWriter(HostGraphWriter):
                 "square": (shape.lq, shape.lk), "scores": shape.scores, "1-D": (shape.lk,),
                 "wider": (2,) + shape.scores}[kind]
         return self.finite_tensor(dims, param)
+
+    def bool_mask(self, param: Param, keep: bool) -> Any:
+        """A bool mask as models shape it (a padding mask ``(B, 1, 1, Lk)``, ``(Lq, Lk)``, a causal
+        ``(1, 1, Lq, Lk)`` or the scores' shape), keeping at least one key of every query
+        (``MASK_KEEPS_A_KEY``), or a near miss: 1-D, broadcasting the scores larger, floating."""
+        shape = self.sizes
+        kind = self.draw(st.sampled_from(BOOL_MASK_SHAPES), label="bool mask")
+        self.lines.append(f"bool mask ({'keep' if keep else 'drop'}): {kind}")
+        ones = (1,) * len(shape.batch)
+        dims = {"padding": shape.batch[:1] + (1,) * (len(shape.batch) - 1) + (1, shape.lk),
+                "square": (shape.lq, shape.lk), "causal": ones + (shape.lq, shape.lk), "scores": shape.scores,
+                "1-D": (shape.lk,), "wider": (2,) + shape.scores, "float": shape.scores}[kind]
+        if kind == "float":
+            return self.finite_tensor(dims, param)
+        if kind == "causal":
+            kept = torch.ones(shape.lq, shape.lk, dtype=torch.bool).tril(shape.lk - shape.lq).reshape(dims)
+        else:
+            kept = torch.rand(dims, generator=self.generator) < 0.6
+        if MASK_KEEPS_A_KEY:  # one kept key per row: the first where none was drawn
+            none = ~kept.any(-1, keepdim=True)
+            first = torch.zeros_like(kept)
+            first[..., 0] = True
+            kept = kept | (none & first)
+        node = self.new_input(tuple(dims), dtype=torch.bool)
+        self.inputs[-1].copy_(kept if keep else ~kept)
+        self.values[node] = self.inputs[-1]
+        return node
+
+    def fill(self) -> Any:
+        """The value masked scores get: a number at most -1e30 as models write it (the dtype's min,
+        float32's min, -inf), or a near miss that leaves masked keys a weight (-1e4, 0)."""
+        spelling = self.draw(st.sampled_from(FILL_SPELLINGS), label="fill")
+        self.lines.append(f"fill written as {spelling}")
+        return {"finfo.min": torch.finfo(self.dtype).min if self.dtype.is_floating_point else -1e4,
+                "float32 min": torch.finfo(torch.float32).min, "-inf": float("-inf"), "-1e4": -1e4,
+                "0.0": 0.0}[spelling]
 
     # -- the key -------------------------------------------------------------------------------------
     def op_call(self, p: PCall) -> Any:

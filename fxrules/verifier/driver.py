@@ -690,13 +690,14 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     from hypothesis.errors import DidNotReproduce, Flaky, Unsatisfiable
 
     from fxrules.verifier.attention_hosts import host_writer
-    from fxrules.verifier.hosts import missing_samplers
+    from fxrules.verifier.hosts import missing_samplers, user_consumers
     from fxrules.engine.program import RuleCompiler
     from fxrules.verifier.samplers import default_catalogue
 
     catalogue = options.catalogue if options.catalogue is not None else default_catalogue()
     program = RuleCompiler(rule, rule_set).program()
     result = _HostResult()
+    consumers = user_consumers(program.conditions, rule.aliases, rule_set.resolver)
     missing = missing_samplers(program.roots, catalogue)
     if missing:
         result.note = HostsNote(HostsGap.NO_SAMPLER, missing=tuple(missing))
@@ -709,7 +710,9 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     def check(data):
         dtype = data.draw(st.sampled_from(options.dtypes), label="dtype")
         training = data.draw(st.sampled_from([False, False, False, True]), label="training")
-        host = host_writer(program.roots)(data.draw, catalogue, dtype, training).build(program.roots)
+        writer = host_writer(program.roots)(data.draw, catalogue, dtype, training)
+        writer.consumers = consumers
+        host = writer.build(program.roots)
         try:
             _run(host.module, host.inputs, host.seed)
         except Exception:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import operator
 from dataclasses import dataclass
@@ -52,6 +53,50 @@ LAYOUTS = ("contiguous", "contiguous", "contiguous", "transposed", "channels_las
 SOURCES = ("input", "input", "input", "input", "parameter", "frozen parameter", "buffer")
 """Where a free tensor lives: a model input, a trainable parameter, a parameter with
 ``requires_grad=False``, or a buffer of the host (read with ``get_attr``)."""
+
+
+def user_consumers(conditions: tuple, aliases: Any, resolver: Any) -> dict[str, tuple]:
+    """For each ``used_only_by(NAME, T, ...)`` in a rule's conditions: NAME -> the targets T that can
+    be called on a tensor alone (Tensor method names other than "output", and functions), so hosts can
+    give a root the users its rule asks for (hosts returning the root only would never satisfy it)."""
+    import fxrules.lang.ast as A
+    from fxrules.lang.names import expand
+
+    found: dict[str, tuple] = {}
+
+    def dotted(cond: Any) -> Optional[tuple]:
+        if isinstance(cond, A.CName):
+            return (cond.name,)
+        if isinstance(cond, A.CAttr):
+            head = dotted(cond.value)
+            return None if head is None else head + (cond.attr,)
+        return None
+
+    def visit(cond: Any) -> None:
+        if isinstance(cond, A.CCall) and isinstance(cond.func, A.CName) and cond.func.name == "used_only_by" \
+                and cond.args and isinstance(cond.args[0], (A.CName, A.CCapture)):
+            targets = []
+            for arg in cond.args[1:]:
+                if isinstance(arg, A.CLiteral) and isinstance(arg.value, str) and arg.value != "output":
+                    targets.append(arg.value)
+                    continue
+                chain = dotted(arg)
+                if chain is None:
+                    continue
+                resolution = resolver.resolve(expand(chain, aliases) or ".".join(chain))
+                if resolution.ok and callable(resolution.value) and not isinstance(resolution.value, type):
+                    targets.append(resolution.value)
+            found[cond.args[0].name] = tuple(targets)
+        if dataclasses.is_dataclass(cond):
+            for field in dataclasses.fields(cond):
+                value = getattr(cond, field.name)
+                for item in value if isinstance(value, tuple) else (value,):
+                    if dataclasses.is_dataclass(item):
+                        visit(item)
+
+    for cond in conditions:
+        visit(cond)
+    return found
 
 
 def missing_samplers(roots: tuple, catalogue: Catalogue) -> list[str]:
@@ -109,6 +154,7 @@ class HostGraphWriter:
 
     def __init__(self, draw: Callable, catalogue: Catalogue, dtype: torch.dtype, training: bool):
         self.draw, self.catalogue, self.dtype, self.training = draw, catalogue, dtype, training
+        self.consumers: dict[str, tuple] = {}  # root name -> users its rule allows (user_consumers)
         self.graph = fx.Graph()
         self.root = nn.Module()
         self.values: dict[fx.Node, Any] = {}
@@ -133,6 +179,9 @@ class HostGraphWriter:
         if not any(isinstance(o, fx.Node) for o in outputs):
             reject()
         pattern_roots = tuple(outputs[:len(roots)])
+        for index, root in enumerate(roots):  # only for rules reading their roots' users: other draws replay
+            if isinstance(root, PBind) and self.consumers.get(root.name) and isinstance(outputs[index], fx.Node):
+                outputs[index] = self.consumer(outputs[index], self.consumers[root.name])
         # sampled_from, not integers(0, n) == n: hypothesis rarely draws an integer range's far end
         if isinstance(outputs[0], fx.Node) and self.draw(st.sampled_from([False, True]), label="a view of the result"):
             outputs[0] = self.view_user(outputs[0])
@@ -145,6 +194,22 @@ class HostGraphWriter:
         if any("written in place through" in line for line in self.lines):
             self.values = self.rerun(module)  # a write changed values computed before it (and their views)
         return Host(module, tuple(self.inputs), self.dtype, self.training, self.lines, self.seed, pattern_roots)
+
+    def consumer(self, node: fx.Node, targets: tuple) -> fx.Node:
+        """A user of a pattern root drawn from the targets its rule's ``used_only_by(name, T, ...)``
+        allows (a function or method called on the root alone), or none (the root is returned
+        as it is, so the condition is false and the rule must decline). Returns the new output."""
+        choice = self.draw(st.sampled_from((None,) + targets), label="the result's user")
+        if choice is None:
+            return node
+        if isinstance(choice, str):
+            user = self.graph.call_method(choice, (node,))
+            self.values[user] = self.evaluate(lambda: getattr(_clone(self.values[node]), choice)())
+        else:
+            user = self.graph.call_function(choice, (node,))
+            self.values[user] = self.evaluate(lambda: choice(_clone(self.values[node])))
+        self.lines.append(f"the result is read by {_target_name(choice)}")
+        return user
 
     def view_write(self, outputs: list) -> list:
         """Sometimes an in-place write through a view (``x.transpose(0, 1).mul_(2)``, ``x[0].zero_()``,

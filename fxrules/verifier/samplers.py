@@ -488,6 +488,8 @@ def default_catalogue() -> Catalogue:
         cat.add_function(where, Param("condition", "mask", of=None), Param("input" if where is torch.where else "self",
                                                                           "tensor_partner", of="condition"),
                          Param("other", "tensor_partner", of="condition"), floating_only=False)
+    cat.add_function(aten.where.ScalarOther, Param("condition", "mask", of=None),
+                     Param("self", "tensor_partner", of="condition"), Param("other", "number"), floating_only=False)
     cat.add_function(aten.slice.Tensor, Param("self", "tensor"), Param("dim", "dim", of="self", optional=True),
                      Param("start", "index_or_none", optional=True), Param("end", "index_or_none", optional=True),
                      Param("step", "step", optional=True), min_rank=1, floating_only=False)
