@@ -537,7 +537,8 @@ def _spread(module: torch.nn.Module, inputs: tuple, seed: int, center: Any, run,
         for index in range(SPREAD_RUNS):
             generator = torch.Generator().manual_seed(0x5EED + index)
             double_copy, shaken = _perturbed(module, inputs, generator, double)
-            leaves = _flatten(run(double_copy, shaken))
+            with _widened() if double else contextlib.nullcontext():
+                leaves = _flatten(run(double_copy, shaken))
             if len(leaves) != len(centers):
                 return None
             for position, (leaf, middle) in enumerate(zip(leaves, centers)):
@@ -626,6 +627,28 @@ def _low_precision(module: torch.nn.Module, inputs: tuple) -> bool:
     return any(t.is_floating_point() and t.dtype != torch.float64 for t in tensors)
 
 
+_WIDER = {torch.float32: torch.float64, torch.float16: torch.float64, torch.bfloat16: torch.float64,
+          torch.complex64: torch.complex128, torch.complex32: torch.complex128}
+
+
+def _widened() -> contextlib.AbstractContextManager:
+    """A dispatch mode for the float64 runs of the original: every dtype an op is asked for below float64
+    (``aten.to.dtype(x, torch.float32)``, a factory's ``dtype=``) is float64 instead, so a host that casts
+    explicitly (inductor's spelling of attention, ``softmax(...).to(float32)``) still runs in float64 end to
+    end; without it the float64 copy failed at the next op mixing dtypes and the host had no reference."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    def widen(value):
+        return _WIDER.get(value, value) if isinstance(value, torch.dtype) else value
+
+    class _Widen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*tree_map(widen, args), **tree_map(widen, kwargs or {}))
+
+    return _Widen()
+
+
 def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optional[Any]:
     """The original model in float64, for ``approx`` on low-precision dtypes; None when it cannot run so."""
     if not _low_precision(module, inputs):
@@ -636,7 +659,8 @@ def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optiona
         # float64 ones here, or the float64 model cannot run (and the reference was silently missing)
         torch.set_default_dtype(torch.float64)
         double = copy.deepcopy(module).double()
-        return _run(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed)
+        with _widened():
+            return _run(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed)
     except Exception:
         return None
     finally:
@@ -691,7 +715,8 @@ def _reference_gradients(module: torch.nn.Module, inputs: tuple, seed: int, name
         return None
     try:
         double = copy.deepcopy(module).double()
-        return _gradients(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed, names)
+        with _widened():
+            return _gradients(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed, names)
     except Exception:
         return None
 
