@@ -871,8 +871,9 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
 
             def gradient_spread(reference=reference):
                 center = reference if reference is not None else grads_before
-                return _spread(module, inputs, seed, _gradient_leaves(center, names),
-                               lambda m, x: _gradient_leaves(_gradients(m, x, seed, names), names),
+                compared = tuple(grads_before.parameters)  # the order _compare_gradients reads the spread in
+                return _spread(module, inputs, seed, _gradient_leaves(center, compared),
+                               lambda m, x: _gradient_leaves(_gradients(m, x, seed, names), compared),
                                double=reference is not None or not _low_precision(module, inputs))
 
             grad_outcome = _compare_gradients(grads_before, grads_after, rule.contract, reference,
