@@ -26,7 +26,21 @@ The property, by contract:
     dtypes a larger difference is still accepted when the rewritten model is no
     further from a float64 reference than 4x the original's own rounding error (a
     fold computes in another order; it must not be *less* accurate). A rewrite that
-    changes a shape or dtype breaks the contract.
+    changes a shape or dtype breaks the contract. The budget is conditioning-aware
+    (:func:`_judge`, docs/verify.md "The [approx] budget"): an element may also differ by
+    :data:`SPREAD_FACTOR` times the *spread* of the original model run in float64 on inputs,
+    parameters and buffers perturbed by one unit of rounding of their dtype (relative
+    ``±eps``, random signs, :data:`SPREAD_RUNS` fixed-seed runs): what rounding the inputs to
+    the dtype could already explain. A cancelling sum (small output, huge terms) or an
+    ill-conditioned gradient gets a budget as large as its conditioning; a well-conditioned
+    output gets none extra. The spread is computed only when the cheaper tests fail, and its
+    runs go through the allocation budget as every run does. A host whose original model
+    overflows (its float64 run is inf or NaN at an element) although every input, parameter
+    and buffer is finite is outside what the verifier can judge (float64 has no higher
+    reference): where the rewrite differs only at such elements the host is discarded with
+    :attr:`DiscardReason.ORIGINAL_OVERFLOWS`, counted in ``hosts_discarded_by``, never passed
+    as checked. Non-finite inputs (drawn on purpose) are compared as before, and a rewrite
+    that makes a finite original output inf or NaN is still a counterexample.
 ``changes``
     the rewritten model runs; the verdict says whether shapes were kept.
 
@@ -103,6 +117,15 @@ class HostsGap(StrEnum):
     """A ``--reproduce`` counterexample did not reproduce."""
     FLAKY = "flaky"
     """Hypothesis found the host check flaky."""
+
+
+class DiscardReason(StrEnum):
+    """Why a host that was rewritten was still discarded (``hosts_discarded_by``'s keys; a host the rule
+    declines or whose ops refuse the drawn dtype is discarded too, and counted in ``hosts_discarded`` only)."""
+
+    ORIGINAL_OVERFLOWS = "original-overflows"
+    """The original model's float64 run is inf or NaN where every input, parameter and buffer is finite
+    (an intermediate overflows), and the rewrite differs only there: no reference can judge the host."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +225,7 @@ class RuleVerdict:
     shapes_kept: Optional[bool] = None  # for [changes] rules: did every checked rewrite keep shapes?
     hosts_gap: Optional[HostsGap] = None  # hosts_note's kind, for programs
     refusal: Optional[str] = None  # a stable code (allocation-budget, allocation-unknown) when a run was refused
+    hosts_discarded_by: tuple = ()  # (DiscardReason, count) pairs: rewritten hosts discarded, and why
 
     @property
     def ok(self) -> bool:
@@ -235,6 +259,7 @@ class RuleVerdict:
     def to_json(self) -> dict:
         return {"rule": self.rule, "source": self.source, "contract": self.contract, "grade": str(self.grade),
                 "hosts_checked": self.hosts_checked, "hosts_discarded": self.hosts_discarded,
+                "hosts_discarded_by": {str(reason): count for reason, count in self.hosts_discarded_by},
                 "hosts_note": self.hosts_note, "hosts_gap": None if self.hosts_gap is None else str(self.hosts_gap),
                 "refusal": self.refusal,
                 "shapes_kept": self.shapes_kept,
@@ -311,6 +336,7 @@ class _Comparison:
     max_abs: Optional[float] = None
     max_rel: Optional[float] = None
     shapes_kept: bool = True
+    overflowed: bool = False  # kept only by excusing elements where the float64 original overflowed
 
 
 def _differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
@@ -329,12 +355,16 @@ def _differences(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 def compare(before: Any, after: Any, contract: str, reference: Optional[Any] = None, *,
-            noun: str = "output") -> _Comparison:
+            noun: str = "output", spread: Optional[Any] = None, inputs_finite: bool = False) -> _Comparison:
     """Outputs ``after`` (rewritten) against ``before`` (original) by ``contract``.
 
     ``reference``: the original's outputs computed in float64, used by ``approx`` for the
     low-precision dtypes (see the module docstring). ``noun``: what the compared values are,
-    for the problem's wording (``"input gradient"`` when comparing gradients)."""
+    for the problem's wording (``"input gradient"`` when comparing gradients). ``spread``: a
+    callable giving the original's perturbation spread per output (:func:`_spread`), called only
+    when an output fails the cheaper tests. ``inputs_finite``: every input, parameter and buffer
+    is finite, so a non-finite float64 original is an overflow (``overflowed`` is then set where
+    only such elements differ)."""
     old, new = _flatten(before), _flatten(after)
     out = _Comparison()
     if len(old) != len(new):
@@ -343,6 +373,16 @@ def compare(before: Any, after: Any, contract: str, reference: Optional[Any] = N
             out.problem = f"the model had {len(old)} {noun}s and has {len(new)} after the rewrite"
         return out
     refs = _flatten(reference) if reference is not None else [None] * len(old)
+    spreads: list = []
+
+    def spread_of(index: int) -> Optional[torch.Tensor]:
+        if spread is None:
+            return None
+        if not spreads:
+            spreads.append(spread())
+        found = spreads[0]
+        return found[index] if found is not None and index < len(found) else None
+
     for index, (a, b, ref) in enumerate(zip(new, old, refs)):
         where = f"{noun} {index}" if len(old) > 1 else f"the {noun}"
         if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
@@ -365,8 +405,12 @@ def compare(before: Any, after: Any, contract: str, reference: Optional[Any] = N
         if contract == "exact":
             if not bit_identical(a, b):
                 out.problem = f"{where} is not bit-identical after the rewrite"
-        elif not _close(a, b, ref):
-            out.problem = f"{where} differs beyond the tolerance for {str(a.dtype).replace('torch.', '')}"
+        else:
+            verdict = _judge(a, b, ref, lambda index=index: spread_of(index), inputs_finite)
+            if verdict == "overflow":
+                out.overflowed = True
+            elif verdict != "close":
+                out.problem = f"{where} differs beyond the tolerance for {str(a.dtype).replace('torch.', '')}"
     return out
 
 
@@ -391,27 +435,126 @@ def bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(same.all())
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, ref: Optional[torch.Tensor]) -> bool:
+SPREAD_FACTOR = 16
+"""How many times the original's perturbation spread (:func:`_spread`) an ``approx`` element may differ by:
+the spread measures one unit of input rounding, a recomputation rounds at every step (docs/verify.md)."""
+
+SPREAD_RUNS = 3
+"""Perturbed float64 runs of the original per host (each as costly as the float64 reference run)."""
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, ref: Optional[torch.Tensor], spread: Optional[torch.Tensor] = None) -> bool:
+    """``approx``'s test for one tensor: ``a`` (rewritten) against ``b`` (original); ``ref``: the original in
+    float64 (low-precision dtypes); ``spread``: the original's perturbation spread (:func:`_spread`)."""
+    return _judge(a, b, ref, lambda: spread) == "close"
+
+
+def _judge(a: torch.Tensor, b: torch.Tensor, ref: Optional[torch.Tensor], spread=lambda: None,
+           inputs_finite: bool = False) -> str:
+    """``"close"``, ``"far"``, or ``"overflow"`` (close once the elements where the float64 original is
+    non-finite from finite inputs are excused: the host is then discarded, not passed). Tests, cheapest
+    first: ``assert_close``; the reference budget (4x the original's own error plus 16 units of rounding at
+    the output's magnitude); then, per element, plus :data:`SPREAD_FACTOR` x the spread. ``spread()`` is
+    called only when needed. A float64 tensor has no higher reference: the original itself is the truth."""
     try:
         torch.testing.assert_close(a, b, equal_nan=True)
-        return True
+        return "close"
     except AssertionError:
         pass
-    if ref is None or not a.is_floating_point() or a.dtype == torch.float64:
-        return False
-    truth = ref.detach().to(torch.float64)
-    if truth.shape != a.shape:
-        return False
+    if not a.is_floating_point() or a.shape != b.shape:
+        return "far"
     new, old = a.detach().to(torch.float64), b.detach().to(torch.float64)
+    referenced = a.dtype != torch.float64 and ref is not None and ref.shape == a.shape
+    # the truth: the float64 reference; a float64 tensor's own original (no higher reference); or, for a
+    # low-precision host whose float64 copy cannot run, its own original with no budget but the spread's
+    truth = ref.detach().to(torch.float64) if referenced else old
+    in_float64 = referenced or a.dtype == torch.float64
     # any NaN equals any NaN (assert_close's equal_nan above): where both models give NaN they agree, and a
     # NaN in the reference (an inf input) must not make the budget NaN, which failed every comparison
-    agree = torch.isnan(new) & torch.isnan(old)
-    new_error = float(torch.where(agree, 0.0, (new - truth).abs()).nan_to_num(nan=float("inf")).max())
-    old_error = float(torch.where(agree, 0.0, (old - truth).abs()).nan_to_num(nan=float("inf")).max())
+    agree = (torch.isnan(new) & torch.isnan(old)) | (new == old)
+    new_error = torch.where(agree, 0.0, (new - truth).abs()).nan_to_num(nan=float("inf"))
+    old_error = float(torch.where(agree, 0.0, (old - truth).abs()).nan_to_num(nan=float("inf")).max()) \
+        if referenced else 0.0
     # a few units of rounding at the output's magnitude: what recomputing in another order costs
     finite = truth[torch.isfinite(truth)]
-    budget = 16 * torch.finfo(a.dtype).eps * float(finite.abs().max()) if finite.numel() else 0.0
-    return new_error <= 4 * old_error + budget
+    budget = 16 * torch.finfo(a.dtype).eps * float(finite.abs().max()) if finite.numel() and in_float64 else 0.0
+    allowed = 4 * old_error + budget
+    if float(new_error.max()) <= allowed:
+        return "close"
+    extra = spread()
+    if extra is not None and extra.shape == a.shape:
+        # nan spread (a perturbed run gave NaN where the original did not): no evidence either way, none allowed
+        extra = extra.detach().to(torch.float64).abs().nan_to_num(nan=0.0)
+        limit = allowed + SPREAD_FACTOR * extra
+    else:
+        limit = torch.full_like(new_error, allowed)
+    over = new_error > limit
+    if not bool(over.any()):
+        return "close"
+    if inputs_finite and in_float64 and not bool(torch.isfinite(truth[over]).any()):
+        return "overflow"  # every offending element is one the float64 original overflowed at
+    return "far"
+
+
+def _all_finite(module: torch.nn.Module, inputs: tuple) -> bool:
+    """Whether every floating (or complex) input, parameter and buffer is finite."""
+    tensors = list(inputs) + list(module.parameters()) + list(module.buffers())
+    return all(bool(torch.isfinite(t.detach()).all()) for t in tensors
+               if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()))
+
+
+def _perturbed(module: torch.nn.Module, inputs: tuple, generator: torch.Generator, double: bool = True) -> tuple:
+    """A copy of ``module`` and ``inputs`` with every floating tensor scaled by ``1 ± eps`` of its own dtype
+    (random signs from ``generator``): one unit of rounding of each value. ``double``: in float64 (else each
+    tensor keeps its dtype, for hosts whose float64 copy cannot run)."""
+    def scale(t: torch.Tensor) -> torch.Tensor:
+        eps = torch.finfo(t.dtype).eps
+        signs = torch.randint(0, 2, t.shape, generator=generator).to(torch.float64) * 2 - 1
+        shaken = t.detach().double() * (1 + eps * signs)
+        return shaken if double else shaken.to(t.dtype)
+
+    copied = copy.deepcopy(module)
+    with torch.no_grad():
+        for tensor in list(copied.parameters()) + list(copied.buffers()):
+            if tensor.is_floating_point():
+                tensor.data = scale(tensor.data)
+    if double:
+        copied = copied.double()
+    return copied, tuple(scale(t) if t.is_floating_point() else t for t in inputs)
+
+
+def _spread(module: torch.nn.Module, inputs: tuple, seed: int, center: Any, run, double: bool = True) -> Optional[list]:
+    """Per element, the largest ``|perturbed - center|`` over :data:`SPREAD_RUNS` runs of ``run(module,
+    inputs)`` on :func:`_perturbed` copies (fixed seeds: deterministic per host); ``center``: the unperturbed
+    result (the float64 reference, the float64 original itself, or with ``double=False`` the original in its
+    own dtype: a host whose float64 copy cannot run, such as one casting to float32 inside; that spread also
+    holds the original's own rounding noise). A list aligned with ``_flatten(center)`` (None for a
+    non-tensor leaf); None when the perturbed original cannot run."""
+    centers = _flatten(center)
+    found: list = [None] * len(centers)
+    default = torch.get_default_dtype()
+    try:
+        if double:
+            torch.set_default_dtype(torch.float64)
+        for index in range(SPREAD_RUNS):
+            generator = torch.Generator().manual_seed(0x5EED + index)
+            double_copy, shaken = _perturbed(module, inputs, generator, double)
+            with _widened() if double else contextlib.nullcontext():
+                leaves = _flatten(run(double_copy, shaken))
+            if len(leaves) != len(centers):
+                return None
+            for position, (leaf, middle) in enumerate(zip(leaves, centers)):
+                if not isinstance(leaf, torch.Tensor) or not isinstance(middle, torch.Tensor) \
+                        or leaf.shape != middle.shape or not leaf.is_floating_point():
+                    continue
+                gap = (leaf.detach().double() - middle.detach().double()).abs()
+                gap = torch.where(torch.isnan(leaf) & torch.isnan(middle), 0.0, gap)
+                found[position] = gap if found[position] is None else torch.maximum(found[position], gap)
+    except Exception:  # a refusal of the allocation budget is noted in the rule's watch (budget.py)
+        return None
+    finally:
+        torch.set_default_dtype(default)
+    return found
 
 
 def _describe(t: torch.Tensor) -> str:
@@ -486,6 +629,28 @@ def _low_precision(module: torch.nn.Module, inputs: tuple) -> bool:
     return any(t.is_floating_point() and t.dtype != torch.float64 for t in tensors)
 
 
+_WIDER = {torch.float32: torch.float64, torch.float16: torch.float64, torch.bfloat16: torch.float64,
+          torch.complex64: torch.complex128, torch.complex32: torch.complex128}
+
+
+def _widened() -> contextlib.AbstractContextManager:
+    """A dispatch mode for the float64 runs of the original: every dtype an op is asked for below float64
+    (``aten.to.dtype(x, torch.float32)``, a factory's ``dtype=``) is float64 instead, so a host that casts
+    explicitly (inductor's spelling of attention, ``softmax(...).to(float32)``) still runs in float64 end to
+    end; without it the float64 copy failed at the next op mixing dtypes and the host had no reference."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    def widen(value):
+        return _WIDER.get(value, value) if isinstance(value, torch.dtype) else value
+
+    class _Widen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*tree_map(widen, args), **tree_map(widen, kwargs or {}))
+
+    return _Widen()
+
+
 def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optional[Any]:
     """The original model in float64, for ``approx`` on low-precision dtypes; None when it cannot run so."""
     if not _low_precision(module, inputs):
@@ -496,7 +661,8 @@ def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optiona
         # float64 ones here, or the float64 model cannot run (and the reference was silently missing)
         torch.set_default_dtype(torch.float64)
         double = copy.deepcopy(module).double()
-        return _run(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed)
+        with _widened():
+            return _run(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed)
     except Exception:
         return None
     finally:
@@ -551,19 +717,45 @@ def _reference_gradients(module: torch.nn.Module, inputs: tuple, seed: int, name
         return None
     try:
         double = copy.deepcopy(module).double()
-        return _gradients(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed, names)
+        with _widened():
+            return _gradients(double, tuple(t.double() if t.is_floating_point() else t for t in inputs), seed, names)
     except Exception:
         return None
 
 
+def _gradient_leaves(gradients: Optional[_Gradients], names: tuple) -> Optional[list]:
+    """The gradients as one flat list (inputs, then the named parameters), for :func:`_spread`."""
+    if gradients is None:
+        return None
+    return list(gradients.inputs) + [gradients.parameters.get(name) for name in names]
+
+
 def _compare_gradients(before: _Gradients, after: _Gradients, contract: str,
-                       reference: Optional[_Gradients] = None) -> _Comparison:
+                       reference: Optional[_Gradients] = None, spread: Optional[Any] = None,
+                       inputs_finite: bool = False) -> _Comparison:
     """Input gradients by the contract; then every trainable parameter of the original must still be a
     trainable parameter of the rewritten model, on the gradient path where it was, with its gradient
     kept by the contract (a rule that folds a trainable parameter away breaks training). ``reference``:
     the original's gradients in float64 (``approx`` on low-precision dtypes, as for outputs)."""
+    names = tuple(before.parameters)
+    spreads: list = []
+
+    def spread_all() -> Optional[list]:
+        if spread is None:
+            return None
+        if not spreads:
+            spreads.append(spread())
+        return spreads[0]
+
+    def spread_of(position: int):
+        found = spread_all()
+        return found[position] if found is not None and position < len(found) else None
+
+    count = len(before.inputs)
     outcome = compare(list(before.inputs), list(after.inputs), contract,
-                      list(reference.inputs) if reference is not None else None, noun="input gradient")
+                      list(reference.inputs) if reference is not None else None, noun="input gradient",
+                      spread=lambda: None if spread_all() is None else spread_all()[:count],
+                      inputs_finite=inputs_finite)
     if outcome.problem is not None:
         return outcome
     for name, grad in before.parameters.items():
@@ -577,10 +769,29 @@ def _compare_gradients(before: _Gradients, after: _Gradients, contract: str,
         if grad is None:
             continue
         truth = reference.parameters.get(name) if reference is not None else None
-        found = compare(grad, new, contract, truth, noun=f"gradient of parameter {name}")
+        position = count + names.index(name)
+        found = compare(grad, new, contract, truth, noun=f"gradient of parameter {name}",
+                        spread=lambda position=position: [spread_of(position)], inputs_finite=inputs_finite)
         if found.problem is not None:
             return found
+        outcome.overflowed = outcome.overflowed or found.overflowed
     return outcome
+
+
+class _Discarded(Exception):
+    """Raised by :func:`_check_rewrite` when a rewritten host is outside what the verifier can judge."""
+
+    def __init__(self, reason: DiscardReason):
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+def _reference64(module: torch.nn.Module, inputs: tuple, seed: int) -> Optional[Any]:
+    """The float64 original's own outputs (a float64 host: its run is its own reference)."""
+    try:
+        return _run(module, inputs, seed)
+    except Exception:
+        return None
 
 
 class _Broken(Exception):
@@ -632,8 +843,18 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
     except Exception as exc:
         return count, Counterexample(f"the rewritten model raised {type(exc).__name__}: {exc}", facts, None, None,
                                      code), False
-    reference = _reference(module, inputs, seed) if rule.contract == "approx" else None
-    outcome = compare(before, after, rule.contract, reference)
+    approx = rule.contract == "approx"
+    reference = _reference(module, inputs, seed) if approx else None
+    finite = approx and _all_finite(module, inputs)
+
+    def output_spread():
+        low = _low_precision(module, inputs)
+        center = reference if reference is not None else before if low else _reference64(module, inputs, seed)
+        return None if center is None else _spread(module, inputs, seed, center, lambda m, x: _run(m, x, seed),
+                                                   double=reference is not None or not low)
+
+    outcome = compare(before, after, rule.contract, reference, spread=output_spread if approx else None,
+                      inputs_finite=finite)
     if outcome.problem is None and rule.contract != "changes":
         added = _aliases(result.module, after) - _aliases(module, before)
         if added:
@@ -648,15 +869,28 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
         except RuntimeError:
             grads_before = grads_after = None
         if grads_before is not None and grads_after is not None:
-            reference = _reference_gradients(module, inputs, seed, names) if rule.contract == "approx" else None
-            grad_outcome = _compare_gradients(grads_before, grads_after, rule.contract, reference)
+            reference = _reference_gradients(module, inputs, seed, names) if approx else None
+
+            def gradient_spread(reference=reference):
+                center = reference if reference is not None else grads_before
+                compared = tuple(grads_before.parameters)  # the order _compare_gradients reads the spread in
+                return _spread(module, inputs, seed, _gradient_leaves(center, compared),
+                               lambda m, x: _gradient_leaves(_gradients(m, x, seed, names), compared),
+                               double=reference is not None or not _low_precision(module, inputs))
+
+            grad_outcome = _compare_gradients(grads_before, grads_after, rule.contract, reference,
+                                              spread=gradient_spread if approx else None, inputs_finite=finite)
             if grad_outcome.problem is not None:
                 outcome = _Comparison("gradients: " + grad_outcome.problem, grad_outcome.max_abs, grad_outcome.max_rel)
+            elif grad_outcome.overflowed:
+                outcome.overflowed = True
         elif grads_before is not None:
             outcome = _Comparison("gradients: the rewritten model's outputs no longer require grad")
     if outcome.problem is not None:
         return count, Counterexample(outcome.problem, facts, outcome.max_abs, outcome.max_rel, code), \
             outcome.shapes_kept
+    if outcome.overflowed:
+        raise _Discarded(DiscardReason.ORIGINAL_OVERFLOWS)
     return count, None, outcome.shapes_kept
 
 
@@ -675,6 +909,7 @@ def host_fingerprint(code: str, facts: tuple) -> str:
 class _HostResult:
     hosts: set = field(default_factory=set)  # fingerprints of the distinct hosts checked (the broken one too)
     discarded: int = 0
+    discarded_by: dict = field(default_factory=dict)  # DiscardReason -> count
     note: Optional[HostsNote] = None
     counterexample: Optional[Counterexample] = None
     shapes_kept: set = field(default_factory=set)
@@ -719,8 +954,13 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
             reject()  # the drawn host itself does not run (a dtype an op lacks on CPU, ...)
         facts = (f"dtype {str(dtype).replace('torch.', '')}, {'training' if training else 'eval'} mode",
                  *host.lines)
-        count, counterexample, kept = _check_rewrite(host.module, host.inputs, single, rule, options, facts,
-                                                     host.module.code, host.seed)
+        try:
+            count, counterexample, kept = _check_rewrite(host.module, host.inputs, single, rule, options, facts,
+                                                         host.module.code, host.seed)
+        except _Discarded as exc:
+            result.discarded += 1
+            result.discarded_by[exc.reason] = result.discarded_by.get(exc.reason, 0) + 1
+            reject()
         if counterexample is not None:  # applying the rule may fail before any rewrite: still a broken host
             result.hosts.add(host_fingerprint(host.module.code, facts))
             raise _Broken(counterexample)
@@ -830,8 +1070,14 @@ def _check_examples(rule: CheckedRule, rule_set: RuleSet, single: RuleSet,
             continue
         facts = tuple(f"module {name}: {module!r}" for name, module in model.module.named_children()) + tuple(
             f"input ${spec.name}: {spec.dtype or 'float32'}{list(spec.shape)}" for spec in example.inputs)
-        count, counterexample, shapes = _check_rewrite(model.module, model.inputs, single, rule, options,
-                                                       (f"example at {location}",) + facts, model.module.code)
+        try:
+            count, counterexample, shapes = _check_rewrite(model.module, model.inputs, single, rule, options,
+                                                           (f"example at {location}",) + facts, model.module.code)
+        except _Discarded as exc:  # an example is not drawn: one the verifier cannot judge is an error
+            outcomes.append(ExampleOutcome(location, model.expected, 0,
+                                           f"the original model overflows from finite inputs ({exc.reason}): the "
+                                           f"example cannot be judged", Grade.ERROR))
+            continue
         if shapes is not None:
             kept.add(shapes)
         if counterexample is not None:
@@ -878,7 +1124,8 @@ def _verify_rule_runs(rule_set: RuleSet, name: str, options: VerifyOptions) -> R
     shapes = hosts.shapes_kept | kept
     shapes_kept = None if rule.contract != "changes" or not shapes else all(shapes)
     return RuleVerdict(rule.name, rule.source, rule.contract, grade, hosts.checked, hosts.discarded, text,
-                       tuple(examples), counterexample, shapes_kept, None if note is None else note.gap)
+                       tuple(examples), counterexample, shapes_kept, None if note is None else note.gap,
+                       hosts_discarded_by=tuple(sorted(hosts.discarded_by.items())))
 
 
 def verify_examples(rule_set: RuleSet, name: str, options: VerifyOptions = VerifyOptions()) -> list[ExampleOutcome]:

@@ -18,28 +18,11 @@ HOSTS = max(MIN_HOSTS + 3, settings.default.max_examples // 30)  # weak below MI
 # Fixed since: 22 rules by the engine's guards, their conditions or the verifier's reconciled semantics; then
 # aten_fold_conv2d_bn (the fold builders decline non-finite parameters or folded values), double_neg (a
 # layout-changed refusal is a non-application: the engine refuses it with and without metadata) and
-# canonical_silu (a NaN both models agree on no longer makes the float64 reference's budget NaN); see
-# docs/verify.md. Keep the mechanism: a rule listed here runs as an xfail with its reason.
-KNOWN_WRONG: dict[str, str] = {
-    "aten_fold_conv1d_bn": (
-        "float64 host, input values near the float64 maximum: the original convolution's sum overflows to inf "
-        "before batch norm scales it down by a tiny weight, while the folded weights scale first and the sum stays "
-        "finite (checked by hand: conv1d(1e308s, ones) = inf, conv1d(1e308s, ones * 1e-300) = 4e8). The rewrite is "
-        "the more accurate one, but float64 has no higher-precision reference to say so; the verifier's [approx] "
-        "comparison does not yet treat an original that overflows from finite inputs as out of the contract's "
-        "domain (issue 20, still open)"),
-    "aten_fold_conv3d_bn": (
-        "float32 host whose conv input mixes special values (huge magnitudes of both signs): the sum cancels, so "
-        "the output is small while its terms are huge; folding scales the weights by 1/sqrt(1 + eps) and the "
-        "cancellation then leaves a different rounding residue (|difference| 1.43). The [approx] budget is "
-        "relative to the output's magnitude, not the terms': a budget over the summed terms' magnitude is the fix "
-        "(not diagnosed further; found at seed 0 after the round's merges shifted the draws)"),
-    "aten_sdpa_div_scale": (
-        "float32, value tensor drawn 'large': the input gradient of the fused SDPA differs from the written-out "
-        "form's by 6.1e-05 (relative 8.9e-05), over the float64-reference budget for gradients; rounding of a "
-        "different summation order, or a budget too tight for gradients of softmax: not diagnosed yet (found at "
-        "seed 0 after the round's merges shifted the draws)"),
-}
+# canonical_silu (a NaN both models agree on no longer makes the float64 reference's budget NaN); then
+# aten_fold_conv1d_bn, aten_fold_conv3d_bn and aten_sdpa_div_scale by the conditioning-aware [approx] budget
+# (perturbation spread; a float64 original that overflows from finite inputs discards the host): see
+# docs/verify.md, "The [approx] budget", and tests/verifier/test_budget.py. Keep the mechanism: a rule listed here runs as an xfail with its reason.
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _cases():

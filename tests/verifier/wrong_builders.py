@@ -38,3 +38,20 @@ def double_gradient(value: torch.Tensor) -> torch.Tensor:
     """``value`` itself forward (a copy), twice its gradient backward: a replacement that keeps a trainable
     parameter on the gradient path (the engine's trainable-parameter check passes) but trains it wrong."""
     return _DoubleGradient.apply(value)
+
+
+def fold_conv_bn_dropping_bias(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """A deliberately WRONG conv-BN fold: the batch norm's bias (beta) is lost; every output is off by beta."""
+    from fxrules.builders import fold_conv_bn
+
+    careless = copy.deepcopy(bn)
+    if careless.bias is not None:
+        with torch.no_grad():
+            careless.bias.zero_()
+    return fold_conv_bn(conv, careless)
+
+
+def relu_overflowing(x: torch.Tensor) -> torch.Tensor:
+    """``relu(x)`` except inf wherever it exceeds 1: a rewrite that turns a finite output into inf."""
+    y = torch.relu(x)
+    return torch.where(y > 1, torch.full_like(y, float("inf")), y)
