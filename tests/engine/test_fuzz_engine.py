@@ -469,8 +469,25 @@ def is_inplace(node: fx.Node, gm: fx.GraphModule) -> bool:
     return False
 
 
+_VIEWS = frozenset({"view", "view_as", "transpose", "t", "permute", "reshape", "flatten", "unflatten", "unsqueeze",
+                    "squeeze", "expand", "expand_as", "narrow", "select", "getitem", "contiguous", "detach", "split",
+                    "chunk", "unbind", "as_strided", "diagonal", "movedim", "swapaxes", "type", "to", "float"})
+
+
+def _private_temporary(value: object) -> bool:
+    """A value only one in-place call reads, made by a call that is not (or may not be) a view: the
+    engine may remove that call with a match (docs/language.md, in-place calls on a matched temporary),
+    since its write cannot be observed. Conservative: any name that may alias counts as a view."""
+    if not isinstance(value, fx.Node) or value.op not in ("call_function", "call_method", "call_module"):
+        return False
+    name = value.target if isinstance(value.target, str) else getattr(value.target, "__name__", "")
+    return len(value.users) == 1 and name.rsplit(".", 1)[-1] not in _VIEWS
+
+
 def inplace_count(gm: fx.GraphModule) -> int:
-    return sum(is_inplace(n, gm) for n in gm.graph.nodes)
+    """In-place calls whose write is observable (a rewrite must keep those): not those writing a private
+    temporary, which a rule may match and replace (fuse_linear_relu on `F.relu(linear(x), inplace=True)`)."""
+    return sum(is_inplace(n, gm) and not (n.args and _private_temporary(n.args[0])) for n in gm.graph.nodes)
 
 
 def snapshot(gm: fx.GraphModule) -> dict:
@@ -521,7 +538,7 @@ def check_invariants(spec: Spec, rules: fxrules.RuleSet) -> None:
     if all(rule.contract == "exact" for rule in rules):
         assert_close(actual, expected, rtol=0, atol=0, equal_nan=True,
                      msg=lambda m: f"an [exact] rule set changed the outputs: {m}")
-    assert inplace_count(out) >= inplace_before, "a rewrite dropped an in-place call"
+    assert inplace_count(out) >= inplace_before, "a rewrite dropped an in-place call whose write is observable"
     # the original still runs as it did (nothing it shares with the result was modified)
     assert_close(run(gm, inputs), expected, rtol=0, atol=0, equal_nan=True)
 
@@ -596,6 +613,12 @@ REGRESSIONS = {
         "2d", (3, 8), 1, (Op("torch.relu", (0, 0), 0, False), Op("torch.relu", (0, 0), 0, False),
                           Op("bias_add", (0, 0), 0, False), Op("F.dropout", (0, 0), 0, False),
                           Op("iadd", (0, 0), 0, False)), (0,), 0),
+    # fuse_linear_relu fused `F.relu(linear(x), inplace=True)`: the in-place relu writes a temporary only it
+    # reads, so removing it with the match is sound (the invariant counts observable in-place calls only;
+    # found by the thorough profile after the in-place-temporaries work).
+    "inplace_relu_on_a_private_linear_result_is_fused": Spec(
+        "2d", (3, 8), 1, (Op("torch.relu", (0, 0), 0, False), Op("torch.relu", (0, 0), 0, False),
+                          Op("linear", (0, 0), 0, False), Op("F.relu_inplace", (0, 0), 0, False)), (1,), 0),
 }
 
 
