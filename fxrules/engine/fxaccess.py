@@ -862,3 +862,19 @@ GRAPH_MODULE_CODE = ("_code", "_lineno_map", "_prologue_start", "_in_spec", "_ou
 
 GRAPH_MODULE_CLASS_CODE = ("forward", "__call__", "_wrapped_call")
 """The attributes ``GraphModule.recompile`` sets on the module's own class."""
+
+
+def dtype_mapping_mode(mapping: Mapping[torch.dtype, torch.dtype]) -> contextlib.AbstractContextManager:
+    """A dispatch mode under which every dtype an op is given (``aten.to.dtype(x, torch.float32)``, a
+    factory's ``dtype=``) is replaced by ``mapping``'s entry for it, where it has one. The verifier's
+    float64 reference runs under it (fxrules/verifier/driver.py). ``TorchDispatchMode`` is torch's
+    private dispatch-mode base, hence here."""
+
+    def mapped(value: Any) -> Any:
+        return mapping.get(value, value) if isinstance(value, torch.dtype) else value
+
+    class _DtypeMapping(_TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*fx.node.map_aggregate(args, mapped), **fx.node.map_aggregate(kwargs or {}, mapped))
+
+    return _DtypeMapping()

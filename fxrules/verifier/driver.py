@@ -68,6 +68,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from fxrules.engine import fxaccess
 from fxrules.engine.errors import AllocationRefused
 from fxrules.lang.diagnostics import FxrulesError
 from fxrules.verifier.budget import refused_verdict, watch as budget_watch, within_budget
@@ -638,17 +639,7 @@ def _widened() -> contextlib.AbstractContextManager:
     (``aten.to.dtype(x, torch.float32)``, a factory's ``dtype=``) is float64 instead, so a host that casts
     explicitly (inductor's spelling of attention, ``softmax(...).to(float32)``) still runs in float64 end to
     end; without it the float64 copy failed at the next op mixing dtypes and the host had no reference."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_map
-
-    def widen(value):
-        return _WIDER.get(value, value) if isinstance(value, torch.dtype) else value
-
-    class _Widen(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*tree_map(widen, args), **tree_map(widen, kwargs or {}))
-
-    return _Widen()
+    return fxaccess.dtype_mapping_mode(_WIDER)
 
 
 def _reference(module: torch.nn.Module, inputs: tuple, seed: int = 0) -> Optional[Any]:
