@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import fxrules
+from tests.verifier.wrong_builders import verify_wrong
 from fxrules.verifier.driver import (DiscardReason, _close, _gradient_leaves, _gradients, _judge,
                                      _reference_gradients, _spread, compare, verify)
 
@@ -17,11 +18,7 @@ HOSTS = 30
 
 
 def _verify(text: str, **options):
-    rules = fxrules.parse_rules(text, "wrong.fxr", allow_imports=["tests"])
-    options.setdefault("max_examples", HOSTS)
-    options.setdefault("seed", 0)
-    options.setdefault("database", None)
-    return verify(rules, **options)
+    return verify_wrong(text, HOSTS, **options)
 
 
 def _sdpa_rule_with_scale(factor: str) -> str:

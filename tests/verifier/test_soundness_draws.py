@@ -10,18 +10,15 @@ import pytest
 import torch
 
 import fxrules
+from tests.verifier.wrong_builders import verify_wrong
 from fxrules.tools.cli import main
-from fxrules.verifier.driver import MIN_HOSTS, Grade, bit_identical, coverage, verify
+from fxrules.verifier.driver import MIN_HOSTS, Grade, bit_identical, coverage
 
 HOSTS = 80  # enough for the rarer draws (a hook: one module in ten; a zero or a special value where one decides) with seed 0
 
 
 def _verify(text: str, **options):
-    rules = fxrules.parse_rules(text, "wrong.fxr", allow_imports=["tests"])
-    options.setdefault("max_examples", HOSTS)
-    options.setdefault("seed", 0)
-    options.setdefault("database", None)
-    return verify(rules, **options)
+    return verify_wrong(text, HOSTS, **options)
 
 
 def _caught(text: str, **options):

@@ -55,3 +55,16 @@ def relu_overflowing(x: torch.Tensor) -> torch.Tensor:
     """``relu(x)`` except inf wherever it exceeds 1: a rewrite that turns a finite output into inf."""
     y = torch.relu(x)
     return torch.where(y > 1, torch.full_like(y, float("inf")), y)
+
+
+def verify_wrong(text: str, hosts: int, **options):
+    """Verify rule ``text`` (which may name this module's builders) on ``hosts`` hosts, seed 0, no database:
+    the soundness-draw and budget tests' one way of grading a deliberately wrong rule."""
+    import fxrules
+    from fxrules.verifier.driver import verify
+
+    rules = fxrules.parse_rules(text, "wrong.fxr", allow_imports=["tests"])
+    options.setdefault("max_examples", hosts)
+    options.setdefault("seed", 0)
+    options.setdefault("database", None)
+    return verify(rules, **options)
