@@ -34,7 +34,6 @@ copy is dropped. Either way nothing of the model, and no global random state, ch
 from __future__ import annotations
 
 import copy
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Optional
 
@@ -482,49 +481,19 @@ def layout_changed(match: Match, values: tuple) -> Optional[Refusal]:
     return None
 
 
-@functools.cache
-def _reader_targets() -> tuple:
-    """(op, target) of every node kind :func:`_reads_strides` accepts, for ``Graph.find_nodes`` (an
-    indexed lookup: deciding that a graph has no stride reader costs no walk)."""
-    found = [("call_method", name) for name in sorted(_STRIDE_METHODS)]
-    found += [("call_function", target) for target in _STRIDE_FUNCTIONS]
-    for name in sorted(_STRIDE_METHODS | {"_unsafe_view"}):
-        packet = getattr(torch.ops.aten, name, None)
-        for overload in (packet.overloads() if packet is not None else ()):
-            found.append(("call_function", getattr(packet, overload)))
-    return tuple(found)
-
-
-@functools.cache
-def _reader_keys() -> frozenset:
-    return frozenset(_reader_targets())
-
-
 def has_stride_reader(graph: fx.Graph) -> bool:
-    """Whether any node of ``graph`` reads strides (:func:`_reads_strides`)."""
+    """Whether any node of ``graph`` reads strides (:func:`is_stride_reader`)."""
     return count_stride_readers(graph) > 0
 
 
 def count_stride_readers(graph: fx.Graph) -> int:
-    """How many nodes of ``graph`` read strides: one indexed lookup per function target, one pass
-    over the call_method nodes (``Graph.find_nodes`` with a method name walks them all, per name)."""
-    count = 0
-    methods = set()
-    for op, target in _reader_targets():
-        if op == "call_function":
-            count += len(graph.find_nodes(op=op, target=target))
-        else:
-            methods.add(target)
-    count += sum(1 for node in graph.find_nodes(op="call_method") if node.target in methods)
-    return count
+    """How many nodes of ``graph`` read strides: one pass over its nodes. The workpiece counts once per
+    run and then keeps the count as nodes come and go (``Workpiece.has_stride_reader``)."""
+    return sum(1 for node in graph.nodes if _reads_strides(node))
 
 
-def is_stride_reader(node: fx.Node) -> bool:
-    """Whether ``node`` is of a kind :func:`count_stride_readers` counts."""
-    try:
-        return (node.op, node.target) in _reader_keys()
-    except TypeError:  # an unhashable target
-        return False
+is_stride_reader = _reads_strides
+"""Whether ``node`` is of a kind :func:`count_stride_readers` counts (the one classifier)."""
 
 
 def layout_unknown(work: Any, match: Match) -> Optional[Refusal]:
