@@ -195,3 +195,49 @@ def test_the_discard_reason_is_reported_as_data():
     verdict = RuleVerdict("r", "f.fxr:1", "approx", Grade.VALIDATED, 5, 7, None,
                           hosts_discarded_by=((DiscardReason.ORIGINAL_OVERFLOWS, 2),))
     assert verdict.to_json()["hosts_discarded_by"] == {"original-overflows": 2}
+
+
+# -- parameter gradients on training-mode hosts ----------------------------------------------------------------
+
+
+def test_a_parameter_gradient_off_by_a_thousandth_is_caught_on_training_mode_hosts():
+    """The spread that excuses an ill-conditioned output is the original's own, element by element: a rule
+    that keeps the forward bit-identical and trains one parameter 0.1% wrong is caught on a drawn host in
+    training mode (eval-mode hosts compare no parameter gradients), and the problem names the parameter."""
+    text = ("rule r [approx]: call_function operator.mul($x, get_attr $w) as m "
+            "where m.shape == $x.shape and is_floating($x) "
+            "-> call_function operator.mul($x, call_function tests.verifier.wrong_builders.nudge_gradient(get_attr $w))")
+    (verdict,) = verify_wrong(text, 150).verdicts
+    assert verdict.grade == "wrong", verdict.render()
+    example = verdict.counterexample
+    assert "gradient of parameter" in example.problem, example.problem
+    assert any("training mode" in fact for fact in example.facts), example.facts
+
+
+def _one_parameter(inputs: torch.Tensor, parameter: torch.Tensor):
+    from fxrules.verifier.driver import _Gradients
+
+    return _Gradients((inputs,), {"w": parameter})
+
+
+def test_each_parameter_gradient_is_judged_by_its_own_spread_not_an_inputs():
+    """The flat spread list is (input gradients..., parameter gradients...): a parameter's difference is held
+    to that parameter's own spread. Here the input gradient is ill-conditioned (a huge spread) and the
+    parameter's is not; a parameter gradient 0.1% off must fail, and pass only where its own spread covers it."""
+    from fxrules.verifier.driver import _compare_gradients
+
+    torch.manual_seed(0)
+    g_input = torch.randn(16)
+    g_w = torch.randn(8) + 3.0
+    before = _one_parameter(g_input, g_w)
+    after = _one_parameter(g_input.clone(), g_w * (1 + 1e-3))
+    reference = _one_parameter(g_input.double(), g_w.double())
+    huge, tiny = torch.full((16,), 1e3, dtype=torch.float64), torch.full((8,), 1e-9, dtype=torch.float64)
+    caught = _compare_gradients(before, after, "approx", reference, spread=lambda: [huge, tiny])
+    assert caught.problem is not None and "gradient of parameter w" in caught.problem, caught.problem
+    # the same difference within the parameter's own spread (16 x 1e-3 x |g| > 1e-3 x |g|) passes
+    own = (g_w.double().abs() * 1e-3)
+    assert _compare_gradients(before, after, "approx", reference, spread=lambda: [huge, own]).problem is None
+    # and a spread list cut short (the parameter's entry missing) gives no extra budget: still caught
+    short = _compare_gradients(before, after, "approx", reference, spread=lambda: [huge])
+    assert short.problem is not None and "gradient of parameter w" in short.problem
