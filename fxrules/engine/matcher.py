@@ -366,6 +366,8 @@ def _rest(pattern: PCall, node: fx.Node, expected: dict) -> tuple:
 def _module_matches(module: Any, cls: type) -> bool:
     if not isinstance(module, cls):
         return False
+    if overridden_on_instance(module):
+        return False
     sub = type(module)
     if sub is cls:
         return True
@@ -416,6 +418,27 @@ def computes_as(sub: type, base: type) -> bool:
             if name in inherited or _is_data_descriptor(value):
                 return False
     return True
+
+
+def overridden_on_instance(module: Any) -> bool:
+    """Whether the module object itself overrides what its class computes with: an instance attribute
+    named like something a class in its MRO defines (``m.forward = ...``, ``m._conv_forward = ...``,
+    ``m._check_input_dim = ...``; ``m.compile()``'s ``_compiled_call_impl``; ``_call_impl``, ...). Calls
+    look such names up on the instance first (``nn.Module.__call__`` runs ``self._call_impl``, which
+    runs ``self.forward``), so the class's code is not what runs. Reviewed: no torch.nn module keeps
+    such a name in its own ``__dict__`` after construction, ``.eval()``, ``.to()`` or a deep copy;
+    :data:`INERT_CLASS_NAMES` (``extra_repr``, ...) may be set freely."""
+    names = _class_defined_names(type(module))
+    return any(name in names for name in vars(module))
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_defined_names(cls: type) -> frozenset:
+    """Every name a class in ``cls``'s MRO defines, inert ones (:data:`INERT_CLASS_NAMES`) left out."""
+    found: set = set()
+    for klass in cls.__mro__:
+        found.update(vars(klass))
+    return frozenset(found - INERT_CLASS_NAMES)
 
 
 def _is_data_descriptor(value: Any) -> bool:

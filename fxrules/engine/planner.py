@@ -43,7 +43,7 @@ from torch import fx
 
 from fxrules.engine import aliasing, fxaccess, inspection
 from fxrules.engine.aliasing import Aliasing
-from fxrules.engine.matcher import Match, computes_as
+from fxrules.engine.matcher import Match, computes_as, overridden_on_instance
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
                                     RLiteral, RNewModule, RReuse, RSeq, RValue)
 from fxrules.engine.refusals import Refusal, RefusalCode
@@ -108,7 +108,9 @@ class Effects:
         known = self._known_classes.get(cls)
         if known is None:
             known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
-        return known
+        # a module object that overrides its class's code (``m.forward = ...``) runs code the engine has not
+        # reviewed: unknown, hence aliasing and writing what it can reach
+        return known and not overridden_on_instance(module)
 
     def _module_effects(self, target: str) -> tuple:
         """(writes its input, marked impure) for the module ``target`` names now."""

@@ -6,7 +6,9 @@ the model's outputs kept, and the sound cases that still rewrite.
 
 from __future__ import annotations
 
+import copy
 import operator
+import types
 from pathlib import Path
 
 import pytest
@@ -680,3 +682,73 @@ def test_writers_follow_created_erased_nodes_and_modules_replaced_under_a_name()
     fresh = Workpiece(gm.graph, gm, class_name="Model")
     fresh.new_modules.update(work.new_modules)
     assert list(fresh.effects.writers(gm.graph)) == [act]
+
+
+# ---------------------------------------------------------------------------
+# Instance-level overrides: the module object, not its class, replaces code
+# ---------------------------------------------------------------------------
+
+
+def _conv_bn_dropout_relu() -> nn.Module:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Dropout(0.1), nn.ReLU()).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+    return model
+
+
+OVERRIDES = {
+    "forward, a lambda": lambda m: setattr(m[1], "forward", lambda x, f=m[1].forward: f(x) * 2),
+    "forward, a bound method": lambda m: setattr(m[2], "forward", types.MethodType(lambda self, x: x + 1, m[2])),
+    "_check_input_dim": lambda m: setattr(m[1], "_check_input_dim", lambda x: None),
+    "_conv_forward": lambda m: setattr(m[0], "_conv_forward",
+                                       lambda x, w, b, f=m[0]._conv_forward: f(x, w * 2, b)),
+}
+
+
+@pytest.mark.parametrize("override", sorted(OVERRIDES))
+def test_a_module_whose_instance_overrides_a_method_is_not_matched(override):
+    model = _conv_bn_dropout_relu()
+    x = torch.randn(1, 3, 8, 8)
+    untouched = fxrules.apply_rules(_conv_bn_dropout_relu(), fxrules.load_rules(RULES / "fold", RULES / "cleanup"),
+                                    example_inputs=(x,))
+    assert untouched.counts == {"fold_conv2d_bn": 1, "remove_dropout": 1}  # the same model without the override
+    OVERRIDES[override](model)
+    result = fxrules.apply_rules(model, fxrules.load_rules(RULES / "fold", RULES / "cleanup"), example_inputs=(x,))
+    overridden = {"forward, a lambda": "fold_conv2d_bn", "_check_input_dim": "fold_conv2d_bn",
+                  "_conv_forward": "fold_conv2d_bn", "forward, a bound method": "remove_dropout"}[override]
+    assert overridden not in result.counts, result.report
+    torch.testing.assert_close(result.module(x), model(x))
+
+
+def test_a_module_with_an_instance_forward_is_an_unknown_call_to_the_planner():
+    """``relu.forward = lambda x: x.relu_()`` writes its input: the planner must not take it for a pure
+    ReLU, so `clone(x) -> x` before it is refused (the clone protects the input from that write)."""
+    model = nn.Sequential(nn.Identity(), nn.ReLU())
+    model[1].forward = lambda x: x.relu_()
+    gm = fx.symbolic_trace(model)
+    graph = gm.graph
+    (ident,) = [n for n in graph.nodes if n.op == "call_module" and n.target == "0"]
+    with graph.inserting_after(ident):
+        clone = graph.call_method("clone", (ident.args[0],))
+    ident.replace_all_uses_with(clone)
+    graph.erase_node(ident)
+    gm.recompile()
+    x = torch.randn(5)
+    result = fxrules.apply_rules(gm, fxrules.parse_rules("rule c [exact]: call_method clone($x) -> $x", "c.fxr"),
+                                 example_inputs=(x,))
+    assert result.counts == {}, result.report
+    kept = x.clone()
+    result.module(x)
+    torch.testing.assert_close(x, kept)  # the input is not written
+
+
+def test_no_torch_nn_module_keeps_a_class_name_on_its_instance():
+    from fxrules.engine.matcher import overridden_on_instance
+
+    for module in (nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Dropout(),
+                   nn.LayerNorm(4), nn.MultiheadAttention(8, 2), nn.LSTM(3, 4), nn.Sequential(nn.ReLU())):
+        assert not overridden_on_instance(module), type(module)
+        assert not overridden_on_instance(copy.deepcopy(module).eval().to(torch.float64))
+    compiled = nn.ReLU()
+    compiled.compile()
+    assert overridden_on_instance(compiled)  # a compiled call runs other code
