@@ -499,9 +499,10 @@ is_stride_reader = _reads_strides
 def layout_unknown(work: Any, match: Match) -> Optional[Refusal]:
     """Without metadata (no ``example_inputs``, no ``meta['val']``) strides cannot be compared: under
     ``[exact]`` a root that a later node reads the strides of is not replaced by an existing value
-    (``-(-x) -> x``: the root is a fresh, contiguous tensor, x may be strided). A replacement that is a
-    new call computes as the root did, and a module that returns its input (eval dropout) has its
-    input's layout: those are not refused. So the layout guard
+    (``-(-x) -> x``: the root is a fresh, contiguous tensor, x may be strided), nor by new calls that
+    choose their layout by their input's (:func:`_chooses_layout`: ``reshape``, ``contiguous``, casts, unknown
+    functions). Other new calls lay their result out as the root's ops did, and a module that returns its
+    input (eval dropout) has its input's layout: those are not refused. So the layout guard
     holds in every mode: a rule is never applied where a stride reader could see a changed layout (with
     metadata only where the strides differ; without, wherever such a reader exists). The verifier relies
     on this to count a ``layout-changed`` refusal on a host as a non-application (docs/verify.md)."""
@@ -513,12 +514,58 @@ def layout_unknown(work: Any, match: Match) -> Optional[Refusal]:
         return None
     for index, root in enumerate(match.roots):
         item = match.program.replacements[index]
-        if not isinstance(item, RValue) or _returns_its_input(work, root):
-            continue  # a new call computes as the root did (its layout is the op's); an alias of x is x's layout
+        if isinstance(item, RValue) and _returns_its_input(work, root):
+            continue  # an alias of x is x's layout
+        if not isinstance(item, RValue) and not _chooses_layout(item):
+            continue  # new calls that lay their result out as the root's ops did (see _chooses_layout)
         refusal = _layout_unknown(match, index, root)
         if refusal is not None:
             return refusal
     return None
+
+
+LAYOUT_CHOOSING_METHODS = frozenset({
+    "reshape", "reshape_as", "flatten", "ravel", "to", "type", "type_as", "float", "double", "half", "bfloat16",
+    "int", "long", "short", "char", "byte", "bool", "cfloat", "cdouble", "cpu", "cuda",
+})
+"""Tensor methods whose result is a view of the input, or the input itself, when its strides or dtype allow,
+and a fresh copy otherwise (contiguous, or only dense layouts kept): on a strided input the same call gives
+the input's strides or new ones depending on what came before it (reviewed). Not ``contiguous`` (always
+contiguous), ``clone`` and elementwise ops (a dense input's layout, else contiguous: applying them again
+changes nothing), views (their strides compose)."""
+
+LAYOUT_CHOOSING_OPS = frozenset({"reshape", "flatten", "ravel", "to"})
+"""``torch.*`` functions and aten ops (by name or overload packet) of the same kind as
+:data:`LAYOUT_CHOOSING_METHODS`."""
+
+
+def _chooses_layout(item: Any) -> bool:
+    """Whether a replacement template builds a call whose layout can differ from the root's where the rule
+    is right about values: a :data:`LAYOUT_CHOOSING_METHODS` or :data:`LAYOUT_CHOOSING_OPS` call anywhere in
+    it (``reshape(reshape(x, a), b) -> reshape(x, b)``: the chain copied a strided x, the new reshape may
+    view it), or a function the engine does not know. Elementwise ops (their result follows a dense
+    input's layout, else is contiguous, whatever came before), views (strides compose exactly) and modules
+    (their ops decide) are not: ``relu(relu(x)) -> relu(x)`` keeps the layout. The verifier checks the
+    rest: with metadata, a ``layout-changed`` refusal on a host is replayed without it
+    (``fxrules.verifier.driver._layout_without_metadata``)."""
+    from fxrules.engine import aliasing
+
+    if isinstance(item, RShared):
+        return _chooses_layout(item.inner)
+    if isinstance(item, RSeq):
+        return any(_chooses_layout(i) for i in item.items)
+    if not isinstance(item, RCall):
+        return False
+    if item.op == "call_method":
+        if item.target in LAYOUT_CHOOSING_METHODS:
+            return True
+    elif item.op == "call_function":
+        target = item.target
+        packet = getattr(target, "overloadpacket", None)
+        name = getattr(packet if packet is not None else target, "__name__", None)
+        if name in LAYOUT_CHOOSING_OPS or not aliasing.function_is_known(target):
+            return True
+    return any(_chooses_layout(a) for a in (item.args or ())) or any(_chooses_layout(v) for _, v in item.kwargs)
 
 
 def _returns_its_input(work: Any, root: fx.Node) -> bool:

@@ -799,7 +799,11 @@ with metadata, so applied without example inputs the same rule would change the 
 device. Not ``layout-changed``: the engine refuses a root a later node reads the strides of in every
 mode (with metadata where the strides differ; without, wherever it would replace it by an existing
 value: fxrules.engine.guards.layout_unknown), so the model is kept on that host and the host is a
-non-application, as a false condition is (hosts without a stride reader still check the rule's values).
+non-application, as a false condition is (hosts without a stride reader still check the rule's values),
+provided the engine without metadata refuses it too: a replacement that is a new call is not refused there
+(its layout is taken to be the op's), so on such a host the rule is also applied without example inputs
+(:func:`_layout_without_metadata`) and that rewrite judged by the contract: ``reshape(reshape(x, a), b) ->
+reshape(x, b)`` on a transposed x makes a later ``.view`` raise.
 Not the training-mode ones (they depend on the host's mode, and a rule may rely on them), nor
 ``output-alias-introduced`` (where the root is the host's output an identity rule such as ``x * 1 -> x``
 is refused, and applies everywhere else): docs/semantics.md."""
@@ -811,6 +815,28 @@ def _apply_one(module: torch.nn.Module, single: RuleSet, name: str, inputs: tupl
     # with metadata, always: the engine's contract guards decide on it (fxrules.engine.guards)
     result = run_apply(module, single, example_inputs=inputs)
     return result, result.report.counts.get(name, 0)
+
+
+def _layout_without_metadata(module: torch.nn.Module, single: RuleSet, name: str, inputs: tuple, before: Any,
+                             seed: int) -> Optional[str]:
+    """The rule applied to ``module`` without example inputs (where the engine cannot compare strides), judged
+    as ``[exact]``: what breaks, or None (not applied there, or applied and bit-identical)."""
+    from fxrules.engine.driver import run_apply
+
+    try:
+        result = run_apply(module, single)
+    except FxrulesError:
+        return None  # the metadata run is the one judged; it applied nothing and raised nothing
+    if not result.report.counts.get(name, 0):
+        return None
+    try:
+        after = _run(result.module, inputs, seed)
+    except Exception as exc:
+        return f"applied without example inputs, the rewritten model raised {type(exc).__name__}: {exc}"
+    outcome = compare(before, after, "exact")
+    if outcome.problem is not None:
+        return f"applied without example inputs: {outcome.problem}"
+    return None
 
 
 def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: VerifyOptions,
@@ -828,6 +854,13 @@ def _check_rewrite(module, inputs, single: RuleSet, rule: CheckedRule, options: 
         if refused is not None:  # the engine kept the model right, but the rule's conditions admit this host
             return 0, Counterexample(f"the engine refused the rewrite ({refused.code}): {refused.reason}", facts,
                                      None, None, code), None
+        layout = next((r for r in result.report.rejected
+                       if r.rule == rule.name and r.code is RefusalCode.LAYOUT_CHANGED), None)
+        if layout is not None and rule.contract == "exact":
+            problem = _layout_without_metadata(module, single, rule.name, inputs, before, seed)
+            if problem is not None:
+                return 0, Counterexample(f"{problem} (with metadata the engine refuses it: {layout.reason})", facts,
+                                         None, None, code), None
         return 0, None, None
     try:
         after = _run(result.module, inputs, seed)

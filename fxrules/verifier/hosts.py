@@ -551,6 +551,9 @@ class HostGraphWriter:
             options += [[of.shape[0], -1], [-1, of.shape[-1]]]
         if of.ndim >= 2:
             options.append([of.shape[0] * of.shape[1]] + list(of.shape[2:]))
+        # back to the shape of an input with as many elements (a chain of reshapes that returns to x's
+        # shape: on a strided x the last reshape may then be a view of x where the chain made a copy)
+        options += [list(t.shape) for t in self.inputs if t.numel() == n and list(t.shape) not in options]
         target = self.draw(st.sampled_from(options), label="reshape to")
         if -1 not in target and _product(target) != n:
             reject()

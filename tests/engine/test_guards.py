@@ -243,6 +243,53 @@ def test_without_metadata_a_root_whose_strides_a_later_node_reads_is_not_replace
     assert "strides (6, 1)" in with_metadata.report.rejected[0].reason
 
 
+class ReshapeChainView(nn.Module):
+    """reshape(reshape(x, -1), x's shape) read by .view: on a transposed x the chain copies (contiguous), the
+    rewrite's single reshape is a view of x (x's strides), and the .view fails."""
+
+    def forward(self, x):
+        return x.reshape(-1).reshape(x.shape[0], x.shape[1]).view(-1), torch.relu(torch.relu(x.sum(0))).view(-1)
+
+
+def test_without_metadata_a_new_call_that_chooses_its_layout_by_its_input_is_refused_before_a_stride_reader():
+    library = fxrules.load_rules(fxrules.LIBRARY / "cleanup")
+    x = randn(8, 4).t()
+    result = fxrules.apply_rules(ReshapeChainView(), library)
+    assert [(r.rule, r.code) for r in result.report.rejected] == [("reshape_chain", RefusalCode.LAYOUT_CHANGED)]
+    assert "cannot be compared" in result.report.rejected[0].reason
+    assert result.counts == {"relu_idempotent": 1}  # relu(relu(x)) -> relu(x) lays out as before: applied
+    for got, want in zip(result.module(x), ReshapeChainView()(x)):
+        assert_close(got, want, rtol=0, atol=0)
+    # with metadata the strides decide: refused on the transposed x, applied on a contiguous one
+    on_transposed = fxrules.apply_rules(ReshapeChainView(), library, example_inputs=(x,))
+    assert "reshape_chain" not in on_transposed.counts
+    on_contiguous = fxrules.apply_rules(ReshapeChainView(), library, example_inputs=(x.contiguous(),))
+    assert on_contiguous.counts.get("reshape_chain") == 1
+
+
+def test_the_verifier_replays_a_layout_refusal_without_metadata_and_catches_a_rewrite_the_engine_lets_through(
+        monkeypatch):
+    """The engine's table of layout-choosing calls is reviewed, not complete: where it misses one, the verifier
+    (which applies with metadata, so sees the refusal) applies the rule again without metadata on that host
+    and judges the result. Here the table is emptied: the unguarded reshape_chain makes the .view raise."""
+    from torch import fx
+
+    from fxrules.engine import guards
+    from fxrules.verifier.driver import VerifyOptions, _check_rewrite
+
+    host = fx.symbolic_trace(ReshapeChainView())
+    single = fxrules.load_rules(fxrules.LIBRARY / "cleanup" / "reshape.fxr").select(names=["reshape_chain"])
+    (rule,) = list(single)
+    x = randn(8, 4).t()
+    count, counterexample, _ = _check_rewrite(host, (x,), single, rule, VerifyOptions(), ("host",), host.code)
+    assert count == 0 and counterexample is None  # the engine refuses it in both modes
+    monkeypatch.setattr(guards, "LAYOUT_CHOOSING_METHODS", frozenset())
+    count, counterexample, _ = _check_rewrite(host, (x,), single, rule, VerifyOptions(), ("host",), host.code)
+    assert count == 0 and counterexample is not None
+    assert counterexample.problem.startswith("applied without example inputs, the rewritten model raised")
+    assert "with metadata the engine refuses it" in counterexample.problem and "strides (1, 4)" in counterexample.problem
+
+
 def test_a_stride_reader_made_by_an_earlier_rewrite_counts_for_the_layout_guard():
     """The workpiece counts the graph's stride readers once and keeps the count as rewrites create and
     erase nodes: a `.view` made by an earlier rewrite of the same run makes a later [exact] match,
