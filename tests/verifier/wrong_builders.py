@@ -24,37 +24,30 @@ def double_weights_in_place(linear: nn.Module) -> nn.Module:
     return linear
 
 
-class _DoubleGradient(torch.autograd.Function):
+class _ScaledGradient(torch.autograd.Function):
+    """``value`` itself forward (a copy), its gradient times ``factor`` backward."""
+
     @staticmethod
-    def forward(ctx, value):
+    def forward(ctx, value, factor):
+        ctx.factor = factor
         return value.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * 2
+        return grad * ctx.factor, None
 
 
 def double_gradient(value: torch.Tensor) -> torch.Tensor:
     """``value`` itself forward (a copy), twice its gradient backward: a replacement that keeps a trainable
     parameter on the gradient path (the engine's trainable-parameter check passes) but trains it wrong."""
-    return _DoubleGradient.apply(value)
-
-
-class _ScaleGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, value):
-        return value.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * (1 + 2.0 ** -10)
+    return _ScaledGradient.apply(value, 2.0)
 
 
 def nudge_gradient(value: torch.Tensor) -> torch.Tensor:
     """``value`` itself forward, its gradient times 1 + 2**-10 (about 1.001) backward: a parameter trained
     wrong by far more than rounding explains, yet by little enough that a budget judging each parameter's
     gradient by another value's spread (a mis-indexed spread, or the input gradients') could let it pass."""
-    return _ScaleGradient.apply(value)
+    return _ScaledGradient.apply(value, 1 + 2.0 ** -10)
 
 
 def fold_conv_bn_dropping_bias(conv: nn.Module, bn: nn.Module) -> nn.Module:
