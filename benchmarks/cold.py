@@ -13,7 +13,11 @@ that compiles the bytecode: the checkout is measured as an installed package wou
   imported (it should not be: the shipped torch index answers);
 - first ``apply_rules``: in one process, the time from after ``import torch`` to the end of the first
   ``apply_rules`` (import fxrules included) of a bundled family on a zoo model: ``redundant`` (19 nodes)
-  with ``cleanup`` and example inputs (metadata propagated), and ``mlp`` (12 nodes) without;
+  with ``cleanup`` and example inputs (metadata propagated), and ``mlp`` (12 nodes) without; and the
+  first one again with ``torch._dynamo`` imported before the timer (what fxrules adds beyond the
+  import that every propagation through torch's meta or fake kernels pays);
+- ``torch.relu`` on a meta tensor: that floor (it imports ``torch._dynamo``);
+- ``import fxrules``: the package's own import, timed inside the process (and whether it imported torch);
 - ``fxrules apply/explain/verify`` on tiny inputs: the whole command.
 
 ``--verify-jobs`` times ``fxrules verify LIBRARY --seed S --max-examples M --no-database -j N`` per N
@@ -40,6 +44,8 @@ HERE = Path(__file__).resolve().parent.parent
 _FIRST_APPLY = """
 import sys, time
 import torch
+if sys.argv[4:] == ["dynamo"]:
+    import torch._dynamo  # the floor below: what fxrules itself adds beyond it
 started = time.perf_counter()
 import fxrules
 from fxrules import zoo
@@ -48,6 +54,24 @@ inputs = zoo.example_inputs(name) if with_inputs else None
 fxrules.apply_rules(getattr(zoo, name)(), fxrules.LIBRARY / family, example_inputs=inputs)
 print(json.dumps({"seconds": time.perf_counter() - started, "dynamo": "torch._dynamo" in sys.modules}))
 """.replace("import sys, time", "import json, sys, time")
+
+_META_OP = """
+import json, sys, time
+import torch
+started = time.perf_counter()
+torch.relu(torch.empty(2, 3, device="meta"))
+print(json.dumps({"seconds": time.perf_counter() - started, "dynamo": "torch._dynamo" in sys.modules}))
+"""
+"""The floor of any metadata propagation through torch's own kernels: one ``torch.relu`` on a meta
+tensor. Its meta kernel is Python (``torch._refs``), wrapped in ``torch._disable_dynamo``, which
+imports ``torch._dynamo`` on its first call; fake tensors pay the same import (``FakeTensorMode()``)."""
+
+_IMPORT = """
+import json, sys, time
+started = time.perf_counter()
+import fxrules
+print(json.dumps({"seconds": time.perf_counter() - started, "torch": "torch" in sys.modules}))
+"""
 
 _CHECK = """
 import json, sys, time
@@ -111,6 +135,15 @@ def cold_rows(root: Path, repeat: int, cache: str) -> list[Row]:
         rows.append(Row(f"first apply_rules beyond import torch: {name} + {family}"
                         f"{' + example_inputs' if inputs else ''}", seconds, repeat,
                         f"torch._dynamo imported: {'yes' if report.get('dynamo') else 'no'}"))
+    seconds, report = _reported([py, "-c", _FIRST_APPLY, "redundant", "cleanup", "1", "dynamo"], env, root, repeat)
+    rows.append(Row("first apply_rules beyond import torch and torch._dynamo: redundant + cleanup + example_inputs",
+                    seconds, repeat, "fxrules' own share: torch._dynamo imported before the timer"))
+    seconds, report = _reported([py, "-c", _META_OP], env, root, repeat)
+    rows.append(Row("torch.relu on a meta tensor beyond import torch (the floor of propagating on meta tensors)",
+                    seconds, repeat, f"torch._dynamo imported: {'yes' if report.get('dynamo') else 'no'}"))
+    seconds, report = _reported([py, "-c", _IMPORT], env, root, repeat)
+    rows.append(Row("import fxrules (in the process, interpreter start-up excluded)", seconds, repeat,
+                    f"torch imported: {'yes' if report.get('torch') else 'no'}"))
     commands = {
         "fxrules apply cleanup --model fxrules.zoo:redundant --input 2x3x16x16":
             ["apply", "cleanup", "--model", "fxrules.zoo:redundant", "--input", "2x3x16x16"],

@@ -117,6 +117,15 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
     and attributes; the real fallback runs on copies, with the random number generators forked,
     each op sized on fake tensors first and refused over the allocation budget
     (:class:`fxrules.engine.budget.RealRunGuard`: :class:`AllocationRefused`, a ModelError).
+
+    Why fake tensors and not meta tensors (issue 17, measured on torch 2.13): a meta run would
+    need the facts meta tensors drop kept beside them (the device, for conditions and the
+    ``device-changed`` guard), but it would not start faster. ``FakeTensorMode()`` imports
+    ``torch._dynamo`` (about 1 s), and so does a meta run: the meta kernels of relu, add, mul,
+    cat, gelu, layer_norm and batch_norm's decomposition are Python functions wrapped in
+    ``torch._disable_dynamo``, which imports ``torch._dynamo`` on its first call. Beyond that
+    import the fake run of a small model takes tens of milliseconds (benchmarks/README.md,
+    "Cold start"; ``tests/test_benchmarks_cold.py`` fails if torch stops importing it).
     """
     import copy
 

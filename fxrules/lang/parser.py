@@ -23,17 +23,17 @@ import itertools
 import re
 import threading
 from importlib import resources
-from typing import Callable, Iterator, NamedTuple, Optional
-
-import lark
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
-from lark.lexer import LexerThread
-from lark.parsers.lalr_parser import _Parser as _LarkLoop  # Lark's LALR loop, given our callbacks
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Optional
 
 import fxrules.lang.ast as A
 from fxrules.lang.diagnostics import Diagnostic, RuleFileError
 from fxrules.lang.reductions import Reductions, reduction
 from fxrules.lang.source import Source
+
+if TYPE_CHECKING:  # Lark is imported where it runs (Lark's loop, the tables' build): a file that the
+    # direct loop parses on the shipped tables imports no Lark (40-60 ms of every cold start)
+    import lark
+    from lark.exceptions import UnexpectedInput
 
 MAX_DEPTH = 256
 """Brackets nested deeper than this are a ``too-deep`` diagnostic."""
@@ -145,8 +145,8 @@ def _terminals(lexer_conf) -> tuple[dict[str, str], list[tuple[str, str]]]:
     return keywords, alternatives
 
 
-class _Lexer(lark.lexer.Lexer):
-    """The lexer: the grammar's terminals as one regular expression, keywords chosen by parser state.
+class _Lexer:
+    """The lexer (given to Lark as :func:`_lark_lexer`, this class with Lark's ``Lexer`` base): the grammar's terminals as one regular expression, keywords chosen by parser state.
 
     The terminal patterns come from the grammar; this class adds only what a lexer decides:
     the longest punctuation wins (`->` over `-`, `//` over `/`), a word is a keyword only
@@ -167,10 +167,13 @@ class _Lexer(lark.lexer.Lexer):
         text_slice = lexer_state.text
         text, pos, end = text_slice.text, text_slice.start, text_slice.end
         states = parser_state.parse_conf.parse_table.states
+        from lark import Token
+        from lark.exceptions import UnexpectedCharacters
+
         ctx = _CONTEXT.context = _Context()
         brackets = ctx.brackets
         keywords, ignore, match = self.keywords, self.ignore, self.master.match
-        new_token = lark.Token._future_new  # skips Token.__new__'s keyword-compatibility shim
+        new_token = Token._future_new  # skips Token.__new__'s keyword-compatibility shim
         line, line_start = 1, 0
         operators = 0  # in the current condition: chains build nested trees, so they are bounded too
         tokens = 0  # in the current statement
@@ -236,6 +239,13 @@ class _Lexer(lark.lexer.Lexer):
             yield token
 
 
+def _lark_lexer() -> type:
+    """:class:`_Lexer` as Lark takes it: a subclass of Lark's ``Lexer``."""
+    from lark.lexer import Lexer
+
+    return type("_Lexer", (_Lexer, Lexer), {"__module__": __name__, "__doc__": _Lexer.__doc__})
+
+
 _lock = threading.Lock()
 _parser: Optional[lark.Lark] = None
 
@@ -244,10 +254,12 @@ def _get_parser() -> lark.Lark:
     global _parser
     with _lock:
         if _parser is None:
+            import lark
+
             _parser = lark.Lark(
                 grammar_text(),
                 parser="lalr",
-                lexer=_Lexer,
+                lexer=_lark_lexer(),
                 propagate_positions=False,  # fxrules.lang.reductions derives spans from tokens: much faster
                 maybe_placeholders=False,
                 cache=False,
@@ -607,6 +619,10 @@ def parse_lark(source: Source) -> A.RuleFile:
     with :class:`_Lexer` and the same reductions as its callbacks (a shift's value is the
     scanner's ``re.Match`` for the token, as in the direct loop). Lark finds any syntax error;
     this module words it."""
+    from lark.exceptions import UnexpectedInput
+    from lark.lexer import LexerThread
+    from lark.parsers.lalr_parser import _Parser as _LarkLoop  # Lark's LALR loop, given our callbacks
+
     text = _with_newline(source.text)
     parser, table = _get_parser(), lark_tables()
     target = Reductions(source.path, text)
@@ -792,6 +808,8 @@ def _previous(exc_token: Optional[lark.Token]) -> Optional[lark.Token]:
 
 
 def _syntax_diagnostic(source: Source, text: str, exc: UnexpectedInput) -> Diagnostic:
+    from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedToken
+
     path = source.path
     if isinstance(exc, UnexpectedCharacters):
         line, column = exc.line, exc.column

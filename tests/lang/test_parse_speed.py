@@ -349,3 +349,27 @@ def test_nothing_in_a_rule_file_is_evaluated(monkeypatch):
     call = rule_file.rules[0].patterns[0]
     assert call.args[1] == A.Name(A.Dotted(("__import__",)))
     assert re.fullmatch(r"[\w.]+", call.target.text)
+
+
+def test_lark_is_imported_only_when_its_loop_runs():
+    """Cold start (issue 17): loading the library and applying it, and `fxrules check`, parse on the
+    shipped tables with the direct loop and import no Lark (40-60 ms); a syntax error, which Lark's
+    loop words, imports it then and gets the same located diagnostic as ever."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch, fxrules\n"
+        "from fxrules import zoo\n"
+        "from fxrules.tools.cli import main\n"
+        "out = fxrules.apply_rules(zoo.mlp(), fxrules.LIBRARY / 'cleanup')\n"
+        "assert main(['check', '-q', str(fxrules.LIBRARY)]) == 0\n"
+        "print('lark' in sys.modules)\n"
+        "from fxrules.errors import RuleFileError\n"
+        "try:\n"
+        "    fxrules.parse_rules('rule broken [exact]: call_function torch.relu($x -> $x\\n')\n"
+        "except RuleFileError as exc:\n"
+        "    print(exc.diagnostics[0].code, exc.diagnostics[0].line, 'lark' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["False", "unexpected-token 1 True"], out.stdout
