@@ -274,6 +274,17 @@ def function_draws_random(target: Any, args: tuple, kwargs: dict) -> bool:
 _NOT_DROPOUT = object()
 
 
+def function_may_draw_random(target: Any) -> bool:
+    """Whether some call of ``target`` may draw random numbers (:func:`function_draws_random` is False for
+    every call of a target this is False for: the arguments only decide among the targets it is True for)."""
+    if fxaccess.is_op_overload(target):
+        return fxaccess.op_draws_random(target)
+    try:
+        return target in RANDOM_FUNCTIONS or target in DROPOUT_FUNCTIONS
+    except TypeError:
+        return True
+
+
 def method_draws_random(name: Any) -> bool:
     return isinstance(name, str) and name in RANDOM_METHODS
 

@@ -428,8 +428,7 @@ def overridden_on_instance(module: Any) -> bool:
     runs ``self.forward``), so the class's code is not what runs. Reviewed: no torch.nn module keeps
     such a name in its own ``__dict__`` after construction, ``.eval()``, ``.to()`` or a deep copy;
     :data:`INERT_CLASS_NAMES` (``extra_repr``, ...) may be set freely."""
-    names = _class_defined_names(type(module))
-    return any(name in names for name in vars(module))
+    return not _class_defined_names(type(module)).isdisjoint(vars(module))
 
 
 @functools.lru_cache(maxsize=4096)

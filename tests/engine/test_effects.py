@@ -185,6 +185,100 @@ def test_a_random_input_the_rewrite_would_leave_unused_is_refused():
     assert not same(seeded_call(changed.module, x)[1], seeded_call(model, x)[1])  # what [approx] refused
 
 
+def _sigmoid_times_zero() -> fx.GraphModule:
+    """``x + sigmoid(x) * 0``: nothing in it draws random numbers."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    scaled = graph.call_function(operator.mul, (graph.call_function(torch.sigmoid, (x,)), 0))
+    graph.output(graph.call_function(operator.add, (x, scaled)))
+    return fx.GraphModule(nn.Module(), graph)
+
+
+DROP_ZERO = "rule b_drop_zero [approx]: call_function operator.add($x, call_function operator.mul($y, 0)) -> $x\n"
+
+
+def test_a_random_input_made_by_an_earlier_rewrite_of_the_run_is_still_refused():
+    """The planner skips its walk for inputs left unused while no node of the graph draws random numbers
+    (Effects.random_nodes, found once per run); a draw that an earlier rewrite of the same run creates joins
+    that set, so the later [approx] match that would leave it unused is refused as on a graph that had it."""
+    text = ("rule a_make_draw [changes]: call_function torch.sigmoid($y) -> "
+            "call_function torch.ops.aten.rand_like.default($y)\n" + DROP_ZERO)
+    result = fxrules.apply_rules(_sigmoid_times_zero(), rules(text))
+    assert result.counts == {"a_make_draw": 1}
+    assert codes(result) == [RefusalCode.CHANGES_RANDOM_DRAWS] and result.report.rejected[0].nodes == ("rand_like_default",)
+    assert [n.target for n in result.module.graph.nodes if n.op == "call_function"] == \
+        [torch.ops.aten.rand_like.default, operator.mul, operator.add]
+
+
+def test_without_random_draws_the_unused_inputs_are_not_walked(monkeypatch):
+    """The fast path itself: on a graph with no random draw the walk for unused inputs does not run,
+    and the rewrite is made; with one, it runs (and refuses, as above)."""
+    from fxrules.engine import planner
+
+    walked = []
+    original = planner._left_unused
+    monkeypatch.setattr(planner, "_left_unused", lambda *a: walked.append(1) or original(*a))
+    result = fxrules.apply_rules(_sigmoid_times_zero(), rules(DROP_ZERO))
+    assert result.counts == {"b_drop_zero": 1} and walked == []
+    result = fxrules.apply_rules(random_unused(), rules(DROP_ZERO))
+    assert codes(result) == [RefusalCode.CHANGES_RANDOM_DRAWS] and walked == [1]
+
+
+def test_the_one_walk_finds_what_each_node_says():
+    """Effects._scan (the run's one walk for writers, module writers and random draws) agrees, node by
+    node, with mutated_inputs, _module_entry and draws_random on a graph with every kind of node."""
+    class Unknown(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.relu_ = nn.ReLU(inplace=True)
+            self.relu = nn.ReLU()
+            self.bn = nn.BatchNorm1d(4)  # train mode: updates its statistics
+            self.drop = nn.Dropout(0.5)  # train mode: draws
+            self.unknown = Unknown()
+            self.hooked = nn.Linear(4, 4)
+            self.hooked.register_forward_hook(lambda m, a, out: None)
+            self.eval_drop = nn.Dropout(0.5).eval()
+
+        def forward(self, x):
+            y = self.relu(x + 1)
+            y = self.relu_(y * 2)
+            y = self.bn(y)
+            y = self.drop(y) + self.eval_drop(y)
+            y = self.unknown(y) + self.hooked(y)
+            z = y.clone()
+            z.add_(1)
+            w = torch.sigmoid(y, out=torch.empty_like(y))
+            r = F.dropout(y, 0.3, True) + F.dropout(y, 0.3, False) + torch.rand_like(y) + y.bernoulli()
+            return F.relu(z, inplace=True) + F.gelu(w) + r + torch.empty_like(y).uniform_()
+
+    class KeepUnknown(fx.Tracer):
+        def is_leaf_module(self, m, qualname):
+            return isinstance(m, Unknown) or super().is_leaf_module(m, qualname)
+
+    model = Model().train()
+    gm = fx.GraphModule(model, KeepUnknown().trace(model))
+    from fxrules.engine.transaction import Workpiece
+
+    work = Workpiece(gm.graph, gm, class_name="Model")
+    effects = work.effects
+    writers = effects.writers(gm.graph)
+    module_writers = set(effects._writers[1])
+    drawing = effects.random_nodes(gm.graph)
+    reference = Effects(work.module_of, work.attr_of)
+    calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+    assert list(writers) == [n for n in calls if reference.mutated_inputs(n)]
+    assert module_writers == {n for n in calls if n.op == "call_module" and reference._module_entry(n)[1]}
+    assert list(drawing) == [n for n in calls if reference.draws_random(n)]
+    names = lambda found: sorted(n.name for n in found)  # noqa: E731
+    assert names(writers) == ["add_", "relu_", "relu_1", "sigmoid", "uniform_", "unknown"]
+    assert names(module_writers) == ["bn", "hooked"]  # Unknown holds no tensor: its call writes none itself
+    assert names(drawing) == ["bernoulli", "dropout", "drop", "rand_like", "uniform_"]
+
+
 def test_a_replacement_that_adds_a_random_draw_is_refused():
     class M(nn.Module):
         def forward(self, x):
