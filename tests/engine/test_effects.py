@@ -276,7 +276,7 @@ def test_the_one_walk_finds_what_each_node_says():
     names = lambda found: sorted(n.name for n in found)  # noqa: E731
     assert names(writers) == ["add_", "relu_", "relu_1", "sigmoid", "uniform_", "unknown"]
     assert names(module_writers) == ["bn", "hooked"]  # Unknown holds no tensor: its call writes none itself
-    assert names(drawing) == ["bernoulli", "dropout", "drop", "rand_like", "uniform_"]
+    assert names(drawing) == ["bernoulli", "drop", "dropout", "rand_like", "uniform_"]
 
 
 def test_a_replacement_that_adds_a_random_draw_is_refused():
