@@ -260,6 +260,7 @@ def test_the_one_walk_finds_what_each_node_says():
             return isinstance(m, Unknown) or super().is_leaf_module(m, qualname)
 
     model = Model().train()
+    model.eval_drop.eval()
     gm = fx.GraphModule(model, KeepUnknown().trace(model))
     from fxrules.engine.transaction import Workpiece
 
