@@ -181,6 +181,11 @@ known, unlike other containers, which run whatever children they are given."""
 
 _FUSED_NORMS = (nni.BNReLU2d, nni.BNReLU3d)
 
+STATEFUL_CALL_MODULES = RANDOM_MODULES + RUNNING_STATS_MODULES + _FUSED_NORMS
+"""The module classes whose instances' state (training mode, ``p``, ``track_running_stats``) decides
+whether a call draws random numbers or updates statistics (:func:`module_draws_random`,
+:func:`module_updates_statistics`); for any other class both are False."""
+
 _KNOWN_MODULE_PREFIXES = ("torch.nn.modules.", "torch.ao.nn.", "torch.nn.intrinsic.", "torch.nn.qat.",
                           "torch.nn.quantized.")
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)

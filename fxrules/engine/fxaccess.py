@@ -694,7 +694,11 @@ def global_hook_kinds() -> list:
     """The kinds of hook registered for every module (``torch.nn.modules.module.register_module_forward_hook``
     and its siblings): ``forward_hooks``, ``forward_pre_hooks``, ``backward_hooks``, ``backward_pre_hooks``.
     Asked by the planner for every match: the common answer (none) is four lookups."""
-    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(_NN_MODULE_MODULE, name, None)]
+    module = _NN_MODULE_MODULE
+    if not (getattr(module, "_global_forward_hooks", None) or getattr(module, "_global_forward_pre_hooks", None)
+            or getattr(module, "_global_backward_hooks", None) or getattr(module, "_global_backward_pre_hooks", None)):
+        return []  # the common answer, without building a list from a generator
+    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(module, name, None)]
 
 
 _NN_MODULE_MODULE = sys.modules["torch.nn.modules.module"]

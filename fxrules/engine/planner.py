@@ -43,7 +43,7 @@ from torch import fx
 
 from fxrules.engine import aliasing, fxaccess, inspection
 from fxrules.engine.aliasing import Aliasing
-from fxrules.engine.matcher import Match, computes_as, overridden_on_instance
+from fxrules.engine.matcher import Match, class_defined_names, computes_as, overridden_on_instance
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
                                     RLiteral, RNewModule, RReuse, RSeq, RValue)
 from fxrules.engine.refusals import Refusal, RefusalCode
@@ -81,6 +81,7 @@ class Effects:
         self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
         self._known_classes: dict = {}  # module class -> whether it computes as a torch.nn class
         self._methods: dict = {}  # call_method name -> aliasing.method_is_known
+        self._plain_classes: dict = {}  # module class -> _watched_names
         self._facts: dict = {}  # id(module) -> (module, its ModuleFacts): see module_facts
         self._programs: dict = {}  # id(program) -> (program, its replacement calls)
         self.call_aliases: dict = {}  # id(RCall) -> (RCall, whether its result may alias), where static
@@ -115,8 +116,19 @@ class Effects:
         for the run: a rewrite never changes an existing module's attributes, hooks or training mode
         (new modules are new objects; the entry keeps its module alive, so its id stays its own)."""
         entry = self._facts.get(id(module))
-        if entry is None or entry[0] is not module:
-            cls = type(module)
+        if entry is not None and entry[0] is module:
+            return entry[1]
+        cls = type(module)
+        watched = self._plain_classes.get(cls, _UNKNOWN)
+        if watched is _UNKNOWN:
+            watched = self._plain_classes[cls] = self._watched_names(cls)
+        # a plain module (see _watched_names) whose instance sets none of the watched names, registers neither
+        # flag as a member and has no hooks: every answer is the class's
+        if watched is not None and watched.isdisjoint(vars(module)) and not fxaccess.hooked_kinds(module) \
+                and fxaccess.registered_member(module, "inplace", _ABSENT) is _ABSENT \
+                and fxaccess.registered_member(module, fxaccess.IMPURE_MODULE_FLAG, _ABSENT) is _ABSENT:
+            facts = _PLAIN_MODULE
+        else:
             known = self._known_classes.get(cls)
             if known is None:
                 known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
@@ -126,8 +138,24 @@ class Effects:
                                 _module_attr(module, "inplace", False, self._classes) is True,
                                 bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)),
                                 aliasing.module_updates_statistics(module), aliasing.module_draws_random(module))
-            entry = self._facts[id(module)] = (module, facts)
-        return entry[1]
+        self._facts[id(module)] = (module, facts)
+        return facts
+
+    def _watched_names(self, cls: type) -> Optional[frozenset]:
+        """For a class whose modules are plain (known to compute as a torch.nn class, neither an ``inplace``
+        nor an ``_is_impure`` of its own, not a norm or dropout, whose training mode decides what a call
+        does), the instance attribute names that would make one of its modules not plain: a name the
+        class defines (an override: :func:`overridden_on_instance`) and the two flags. None for any
+        other class: its modules are asked in full."""
+        known = self._known_classes.get(cls)
+        if known is None:
+            known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
+        if not known or issubclass(cls, aliasing.STATEFUL_CALL_MODULES):
+            return None
+        if _module_attr_of_class(cls, "inplace", self._classes) is not _ABSENT or \
+                _module_attr_of_class(cls, fxaccess.IMPURE_MODULE_FLAG, self._classes) is not _ABSENT:
+            return None
+        return class_defined_names(cls) | {"inplace", fxaccess.IMPURE_MODULE_FLAG}
 
     def _module_effects(self, target: str) -> tuple:
         """(writes its input, marked impure) for the module ``target`` names now."""
@@ -542,6 +570,18 @@ class ModuleFacts(NamedTuple):
 
 _UNKNOWN = object()
 _NOTHING: frozenset = frozenset()
+_PLAIN_MODULE = ModuleFacts(True, (), False, False, False, False)
+"""The facts of a plain module (:meth:`Effects._watched_names`): known, no hooks, no flags, no state."""
+
+
+def _module_attr_of_class(cls: type, name: str, classes: dict) -> Any:
+    """What :func:`_module_attr` knows of ``name`` from ``cls`` alone (remembered in ``classes``): its plain
+    value, ``_ABSENT``, or ``_NOT_PLAIN``."""
+    key = (cls, name)
+    known = classes.get(key, _UNKNOWN)
+    if known is _UNKNOWN:
+        known = classes[key] = _class_attr(cls, name)
+    return known
 _NOT_CALLS = frozenset({"placeholder", "output", "get_attr"})
 
 

@@ -847,3 +847,57 @@ def test_no_torch_nn_module_keeps_a_class_name_on_its_instance():
     compiled = nn.ReLU()
     compiled.compile()
     assert overridden_on_instance(compiled)  # a compiled call runs other code
+
+
+def _facts_in_full(effects: Effects, module: nn.Module) -> tuple:
+    """What Effects.module_facts answers, each fact asked the long way."""
+    from fxrules.engine import aliasing, fxaccess
+    from fxrules.engine.matcher import overridden_on_instance
+
+    known = aliasing.module_class_is_known(type(module), computes_as) and not overridden_on_instance(module)
+    return (known, tuple(fxaccess.hooked_kinds(module)), getattr(module, "inplace", False) is True,
+            bool(getattr(module, "_is_impure", False)), aliasing.module_updates_statistics(module),
+            aliasing.module_draws_random(module))
+
+
+def _flagged_by_member() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module.register_buffer("inplace", torch.tensor(True))  # a registered member named like the flag
+    return module
+
+
+def _hooked() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module.register_forward_pre_hook(lambda m, args: None)
+    return module
+
+
+def _overridden() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module.forward = lambda x: x
+    return module
+
+
+def _impure() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module._is_impure = True
+    return module
+
+
+class _ImpureClass(nn.Linear):
+    _is_impure = True
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.Linear(2, 2), lambda: nn.LayerNorm(2), lambda: nn.ReLU(), lambda: nn.ReLU(inplace=True),
+    lambda: nn.BatchNorm1d(2), lambda: nn.BatchNorm1d(2).eval(), lambda: nn.Dropout(0.5), lambda: nn.Dropout(0.5).eval(),
+    lambda: nn.Dropout(0.0), _flagged_by_member, _hooked, _overridden, _impure, lambda: _ImpureClass(2, 2),
+    lambda: nn.Sequential(nn.Linear(2, 2)), lambda: nn.Module()])
+def test_module_facts_are_each_fact_asked_in_full(make):
+    """Effects.module_facts answers a plain module (its class known and flag-free, not a norm or dropout,
+    the instance overriding nothing, without hooks) from its class alone; any other module is asked in
+    full. Either way the answers are those of the long way."""
+    module = make()
+    effects = Effects(lambda target: module)
+    assert tuple(effects.module_facts(module)) == _facts_in_full(effects, module)
+    assert effects.module_facts(module) is effects.module_facts(module)  # once per module object
