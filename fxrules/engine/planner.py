@@ -316,9 +316,25 @@ class Effects:
 
     def replacement_calls(self, program: Any) -> tuple:
         """Every RCall of ``program``'s replacements (remembered per program for the run)."""
+        return self._program_calls(program)[0]
+
+    def writing_calls(self, program: Any) -> tuple:
+        """The RCalls of ``program``'s replacements that may write an argument in place: all but those
+        whose template alone says they write nothing (:func:`_writes_nothing`); remembered per program."""
+        return self._program_calls(program)[1]
+
+    def drawing_calls(self, program: Any) -> tuple:
+        """The RCalls of ``program``'s replacements that may draw random numbers: all but those whose
+        template alone says they draw none (:func:`_draws_nothing`); remembered per program."""
+        return self._program_calls(program)[2]
+
+    def _program_calls(self, program: Any) -> tuple:
         entry = self._programs.get(id(program))
         if entry is None or entry[0] is not program:
-            entry = self._programs[id(program)] = (program, _calls_of(program.replacements))
+            calls = _calls_of(program.replacements)
+            entry = self._programs[id(program)] = (program, (
+                calls, tuple(c for c in calls if not _writes_nothing(c, self)),
+                tuple(c for c in calls if not _draws_nothing(c))))
         return entry[1]
 
     # -- tensors the graph writes ------------------------------------------------------
@@ -804,15 +820,18 @@ def module_has_hooks(match: Match, effects: Effects) -> Optional[Refusal]:
     and the hooks (user code: logging, caching activations, changing the output) with it. Refused
     whatever the rule's contract; global hooks also refuse a replacement that calls a module
     (the hooks would run a different number of times)."""
+    global_hooks = fxaccess.global_hook_kinds()
     for node in match.bindings.nodes:
         if node.op == "call_module":
             module = effects.module_of(node.target)
-            hooks = effects.module_hooks(module) if module is not None else []
+            if module is None or (not global_hooks and not effects.module_facts(module).hooks):
+                continue  # the usual module: its own hooks found once per run, and no global ones
+            hooks = effects.module_hooks(module)
             if hooks:
                 return Refusal(RefusalCode.MODULE_HAS_HOOKS,
                                f"module `{node.target}` (%{node.name}) has {', '.join(hooks)}; removing or replacing "
                                f"its call would drop them", (node.name,))
-    hooks = module_hooks(None)
+    hooks = module_hooks(None) if global_hooks else []
     if hooks and any(call.op == "call_module" for call in effects.replacement_calls(match.program)):
         root = match.roots[0]
         return Refusal(RefusalCode.MODULE_HAS_HOOKS,
@@ -891,7 +910,7 @@ def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Option
             return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
                            f"%{node.name} draws random numbers and the rewrite would leave it unused; under "
                            f"[{contract}] it may not be removed (every later random draw would change)", (node.name,))
-    for call in effects.replacement_calls(match.program):
+    for call in effects.drawing_calls(match.program):
         if _template_draws_random(call, match, effects):
             root = match.roots[call.root_index]
             return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
@@ -914,7 +933,7 @@ def replacement_writes_input(match: Match, effects: Effects) -> Optional[Refusal
     """A replacement call that writes one of its arguments in place (``add_``, ``inplace=True``,
     ``out=``) where that argument is not a fresh value made by the replacement itself: the
     write would change a value the rest of the graph reads."""
-    for call in effects.replacement_calls(match.program):
+    for call in effects.writing_calls(match.program):
         written = _template_written(call, match, effects)
         if written is None or (isinstance(written, RCall) and not _template_may_alias(written, match, effects)):
             continue
@@ -1111,6 +1130,53 @@ def _template_draws_random(call: RCall, match: Match, effects: Effects) -> bool:
         p = dict(call.target.attrs).get("p")
         return not (isinstance(p, RLiteral) and p.value == 0)
     return module is not None and aliasing.module_draws_random(module)
+
+
+def _writes_nothing(call: RCall, effects: Effects) -> bool:
+    """Whether :func:`_template_written` is None for ``call`` whatever the match: the template alone says
+    so (its own arguments, not the root's; not a module the match names). False when it cannot tell."""
+    if call.op == "call_method":
+        return not aliasing.writes_by_name(call.target)
+    if call.op == "call_function":
+        target = call.target
+        if fxaccess.is_op_overload(target):
+            return not any(a.alias_info is not None and a.alias_info.is_write
+                           for a in fxaccess.op_schema(target).arguments)
+        if call.args is None:
+            return False
+        try:
+            kind = _function_writes(target)
+        except Exception:
+            return False
+        if kind == _WRITES_FIRST:
+            return False
+        kwargs = dict(call.kwargs)
+        inplace = kwargs.get("inplace")
+        if inplace is True or (isinstance(inplace, RLiteral) and inplace.value is True):
+            return False
+        return kwargs.get("out") is None
+    spec = call.target
+    if isinstance(spec, RBuilder):
+        return True  # _template_module gives no module: nothing written
+    if isinstance(spec, RNewModule):
+        inplace = dict(spec.attrs).get("inplace")
+        return not (isinstance(inplace, RLiteral) and inplace.value is True)
+    return False
+
+
+def _draws_nothing(call: RCall) -> bool:
+    """Whether :func:`_template_draws_random` is False for ``call`` whatever the match (its target alone
+    says so). False when it cannot tell."""
+    if call.op == "call_function":
+        return not aliasing.function_may_draw_random(call.target)
+    if call.op == "call_method":
+        return not aliasing.method_draws_random(call.target)
+    spec = call.target
+    if isinstance(spec, RBuilder):
+        return True  # _template_module gives no module: draws nothing
+    if isinstance(spec, RNewModule):
+        return not issubclass(spec.cls, aliasing.RANDOM_MODULES)
+    return False
 
 
 def _template_may_alias(item: Any, match: Match, effects: Effects) -> bool:
