@@ -371,6 +371,14 @@ class Effects:
         key = aliasing.storage_key(tensor)
         return key in written or any(key in keys for keys in modules)
 
+    def nothing_written(self, graph: fx.Graph) -> bool:
+        """Whether :meth:`is_written` is False for every tensor (the usual graph: no global module hooks, no
+        node writing a parameter or buffer through its inputs, no module call writing its own tensors):
+        answered from the sets the run keeps, without a storage key."""
+        if fxaccess.global_hook_kinds() or self._input_writes(graph):
+            return False
+        return not any(self._module_writes(graph))
+
     def _input_writes(self, graph: fx.Graph) -> frozenset:
         """Storage keys of get_attr tensors that nodes write through their inputs (once per run)."""
         if self._storages is not None and self._storages[0] is graph:
@@ -1060,6 +1068,8 @@ def reads_written_value(match: Match, effects: Effects) -> Optional[Refusal]:
         spec = call.target
         if not isinstance(spec, RBuilder):
             continue
+        if effects.nothing_written(match.roots[0].graph):  # no tensor of the graph is written: none to read
+            return None
         graph = match.roots[0].graph
         for name in spec.names:
             if name.startswith("$"):

@@ -527,6 +527,60 @@ def test_a_builder_does_not_read_a_written_buffer():
     assert torch.equal(result.module(x), expected)
 
 
+def _conv_bn_graph(write: bool) -> fx.GraphModule:
+    root = nn.Module()
+    root.conv = nn.Conv2d(3, 4, 3)
+    root.bn = nn.BatchNorm2d(4).eval()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    if write:
+        graph.call_method("add_", (graph.get_attr("bn.running_mean"), 1))
+    graph.output(graph.call_module("bn", (graph.call_module("conv", (x,)),)))
+    return fx.GraphModule(root, graph)
+
+
+@pytest.mark.parametrize("case", ["eval", "buffer written", "train-mode norm", "global hook", "unknown module"])
+def test_nothing_written_is_is_written_for_every_tensor(case):
+    """Effects.nothing_written (reads-written-value's fast path) is True exactly when is_written is False
+    for every tensor of the model; the refusal is still made whenever something is written."""
+    from fxrules.engine.transaction import Workpiece
+
+    gm = _conv_bn_graph(write=case == "buffer written")
+    if case == "train-mode norm":
+        gm.bn.train()
+    if case == "unknown module":
+        class Opaque(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = nn.Parameter(torch.ones(1))
+
+            def forward(self, x):
+                return x * self.scale
+
+        gm.add_submodule("opaque", Opaque())
+        node = next(n for n in gm.graph.nodes if n.op == "output")
+        with gm.graph.inserting_before(node):
+            gm.graph.call_module("opaque", (next(iter(gm.graph.nodes)),))
+        gm.recompile()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: None) \
+        if case == "global hook" else None
+    try:
+        work = Workpiece(gm.graph, gm, class_name="M")
+        effects = work.effects
+        tensors = [t for m in gm.modules() for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))]
+        written = [effects.is_written(gm.graph, t) for t in tensors]
+        assert effects.nothing_written(gm.graph) == (case == "eval") == (not any(written))
+        result = fxrules.apply_rules(gm, fxrules.load_rules(RULES / "fold" / "conv_bn.fxr"))
+        # the fold's own later refusal (the module is in training mode, so its parameters are trainable)
+        # where the builder reads nothing written; reads-written-value where it would
+        expected = {"eval": RefusalCode.TRAINABLE_PARAMETER_DROPPED, "unknown module": RefusalCode.TRAINABLE_PARAMETER_DROPPED,
+                    "buffer written": RefusalCode.READS_WRITTEN_VALUE, "global hook": RefusalCode.MODULE_HAS_HOOKS}
+        assert codes(result) == ([expected[case]] if case in expected else [])  # a train-mode bn: no match
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
 # ---------------------------------------------------------------------------
 # Aliasing
 # ---------------------------------------------------------------------------
