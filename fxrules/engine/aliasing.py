@@ -181,6 +181,11 @@ known, unlike other containers, which run whatever children they are given."""
 
 _FUSED_NORMS = (nni.BNReLU2d, nni.BNReLU3d)
 
+STATEFUL_CALL_MODULES = RANDOM_MODULES + RUNNING_STATS_MODULES + _FUSED_NORMS
+"""The module classes whose instances' state (training mode, ``p``, ``track_running_stats``) decides
+whether a call draws random numbers or updates statistics (:func:`module_draws_random`,
+:func:`module_updates_statistics`); for any other class both are False."""
+
 _KNOWN_MODULE_PREFIXES = ("torch.nn.modules.", "torch.ao.nn.", "torch.nn.intrinsic.", "torch.nn.qat.",
                           "torch.nn.quantized.")
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
@@ -272,6 +277,17 @@ def function_draws_random(target: Any, args: tuple, kwargs: dict) -> bool:
 
 
 _NOT_DROPOUT = object()
+
+
+def function_may_draw_random(target: Any) -> bool:
+    """Whether some call of ``target`` may draw random numbers (:func:`function_draws_random` is False for
+    every call of a target this is False for: the arguments only decide among the targets it is True for)."""
+    if fxaccess.is_op_overload(target):
+        return fxaccess.op_draws_random(target)
+    try:
+        return target in RANDOM_FUNCTIONS or target in DROPOUT_FUNCTIONS
+    except TypeError:
+        return True
 
 
 def method_draws_random(name: Any) -> bool:

@@ -664,10 +664,26 @@ def boolean_dispatched(target: Any) -> tuple:
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
+def hooked_kinds_fast(module: nn.Module) -> list:
+    """The hook dictionaries are instance attributes ``nn.Module.__init__`` sets: read from the
+    instance's ``__dict__`` (the usual answer, none, is four dictionary lookups, without ``getattr``)."""
+    own = getattr(module, "__dict__", None)
+    if type(own) is not dict or "_forward_hooks" not in own:
+        return hooked_kinds_public(module)
+    if not (own.get("_forward_hooks") or own.get("_forward_pre_hooks") or own.get("_backward_hooks")
+            or own.get("_backward_pre_hooks")):
+        return []
+    return hooked_kinds_public(module)
+
+
+def hooked_kinds_public(module: nn.Module) -> list:
+    return [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
+
+
 def hooked_kinds(module: nn.Module) -> list:
     """The kinds of hook registered on ``module`` itself (``forward_hooks``, ``forward_pre_hooks``,
     ``backward_hooks``, ``backward_pre_hooks``), in that order; empty when none is."""
-    return [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
+    return hooked_kinds_fast(module) if FAST else hooked_kinds_public(module)
 
 
 _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
@@ -678,7 +694,11 @@ def global_hook_kinds() -> list:
     """The kinds of hook registered for every module (``torch.nn.modules.module.register_module_forward_hook``
     and its siblings): ``forward_hooks``, ``forward_pre_hooks``, ``backward_hooks``, ``backward_pre_hooks``.
     Asked by the planner for every match: the common answer (none) is four lookups."""
-    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(_NN_MODULE_MODULE, name, None)]
+    module = _NN_MODULE_MODULE
+    if not (getattr(module, "_global_forward_hooks", None) or getattr(module, "_global_forward_pre_hooks", None)
+            or getattr(module, "_global_backward_hooks", None) or getattr(module, "_global_backward_pre_hooks", None)):
+        return []  # the common answer, without building a list from a generator
+    return [name[len("_global_"):] for name in _GLOBAL_HOOK_DICTS if getattr(module, name, None)]
 
 
 _NN_MODULE_MODULE = sys.modules["torch.nn.modules.module"]

@@ -428,11 +428,11 @@ def overridden_on_instance(module: Any) -> bool:
     runs ``self.forward``), so the class's code is not what runs. Reviewed: no torch.nn module keeps
     such a name in its own ``__dict__`` after construction, ``.eval()``, ``.to()`` or a deep copy;
     :data:`INERT_CLASS_NAMES` (``extra_repr``, ...) may be set freely."""
-    return not _class_defined_names(type(module)).isdisjoint(vars(module))
+    return not class_defined_names(type(module)).isdisjoint(vars(module))
 
 
 @functools.lru_cache(maxsize=4096)
-def _class_defined_names(cls: type) -> frozenset:
+def class_defined_names(cls: type) -> frozenset:
     """Every name a class in ``cls``'s MRO defines, inert ones (:data:`INERT_CLASS_NAMES`) left out."""
     found: set = set()
     for klass in cls.__mro__:

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 from torch import fx
 
 from fxrules.engine import aliasing, fxaccess, inspection
 from fxrules.engine.aliasing import Aliasing
-from fxrules.engine.matcher import Match, computes_as, overridden_on_instance
+from fxrules.engine.matcher import Match, class_defined_names, computes_as, overridden_on_instance
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
                                     RLiteral, RNewModule, RReuse, RSeq, RValue)
 from fxrules.engine.refusals import Refusal, RefusalCode
@@ -80,7 +80,9 @@ class Effects:
         self._writes: dict = {}  # call_function target -> _WRITES_* kind
         self._classes: dict = {}  # (module class, attribute) -> what the class says (see _module_attr)
         self._known_classes: dict = {}  # module class -> whether it computes as a torch.nn class
-        self._flags: dict = {}  # id(module) -> (module, (writes its input, marked impure))
+        self._methods: dict = {}  # call_method name -> aliasing.method_is_known
+        self._plain_classes: dict = {}  # module class -> _watched_names
+        self._facts: dict = {}  # id(module) -> (module, its ModuleFacts): see module_facts
         self._programs: dict = {}  # id(program) -> (program, its replacement calls)
         self.call_aliases: dict = {}  # id(RCall) -> (RCall, whether its result may alias), where static
         self._storages: Optional[tuple] = None  # (graph, storage keys its nodes write through their inputs)
@@ -92,6 +94,9 @@ class Effects:
         # one walk per run, then kept by node_created/node_erased/module_replaced. Empty on most graphs,
         # which lets the checks that look for a write (replaced_by_value, reads_across_mutation) stop early.
         self._writer_nodes: Optional[tuple] = None
+        # (graph, {node: None}) for the nodes that draw random numbers: found by the same walk, kept alike
+        self._random: Optional[tuple] = None
+        self._may_draw: dict = {}  # call_function target -> whether some call of it may draw random numbers
         self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known)
 
     def _attr_through_modules(self, target: str) -> Any:
@@ -104,27 +109,61 @@ class Effects:
 
     def module_is_known(self, module: Any) -> bool:
         """Whether ``module`` computes as a torch.nn class (see :func:`aliasing.module_class_is_known`)."""
+        return self.module_facts(module).known
+
+    def module_facts(self, module: Any) -> "ModuleFacts":
+        """What the planner asks of ``module`` (:class:`ModuleFacts`), found once per module object
+        for the run: a rewrite never changes an existing module's attributes, hooks or training mode
+        (new modules are new objects; the entry keeps its module alive, so its id stays its own)."""
+        entry = self._facts.get(id(module))
+        if entry is not None and entry[0] is module:
+            return entry[1]
         cls = type(module)
+        watched = self._plain_classes.get(cls, _UNKNOWN)
+        if watched is _UNKNOWN:
+            watched = self._plain_classes[cls] = self._watched_names(cls)
+        # a plain module (see _watched_names) whose instance sets none of the watched names, registers neither
+        # flag as a member and has no hooks: every answer is the class's
+        if watched is not None and watched.isdisjoint(vars(module)) and not fxaccess.hooked_kinds(module) \
+                and fxaccess.registered_member(module, "inplace", _ABSENT) is _ABSENT \
+                and fxaccess.registered_member(module, fxaccess.IMPURE_MODULE_FLAG, _ABSENT) is _ABSENT:
+            facts = _PLAIN_MODULE
+        else:
+            known = self._known_classes.get(cls)
+            if known is None:
+                known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
+            # a module object that overrides its class's code (``m.forward = ...``) runs code the engine has
+            # not reviewed: unknown, hence aliasing and writing what it can reach
+            facts = ModuleFacts(known and not overridden_on_instance(module), tuple(fxaccess.hooked_kinds(module)),
+                                _module_attr(module, "inplace", False, self._classes) is True,
+                                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)),
+                                aliasing.module_updates_statistics(module), aliasing.module_draws_random(module))
+        self._facts[id(module)] = (module, facts)
+        return facts
+
+    def _watched_names(self, cls: type) -> Optional[frozenset]:
+        """For a class whose modules are plain (known to compute as a torch.nn class, neither an ``inplace``
+        nor an ``_is_impure`` of its own, not a norm or dropout, whose training mode decides what a call
+        does), the instance attribute names that would make one of its modules not plain: a name the
+        class defines (an override: :func:`overridden_on_instance`) and the two flags. None for any
+        other class: its modules are asked in full."""
         known = self._known_classes.get(cls)
         if known is None:
             known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
-        # a module object that overrides its class's code (``m.forward = ...``) runs code the engine has not
-        # reviewed: unknown, hence aliasing and writing what it can reach
-        return known and not overridden_on_instance(module)
+        if not known or issubclass(cls, aliasing.STATEFUL_CALL_MODULES):
+            return None
+        if _module_attr_of_class(cls, "inplace", self._classes) is not _ABSENT or \
+                _module_attr_of_class(cls, fxaccess.IMPURE_MODULE_FLAG, self._classes) is not _ABSENT:
+            return None
+        return class_defined_names(cls) | {"inplace", fxaccess.IMPURE_MODULE_FLAG}
 
     def _module_effects(self, target: str) -> tuple:
         """(writes its input, marked impure) for the module ``target`` names now."""
         module = self.module_of(target)
         if module is None:
             return (False, False)
-        # per module object, for the run: a rewrite never changes an existing module's attributes
-        # (new modules are new objects; the entry keeps its module alive, so its id stays its own)
-        entry = self._flags.get(id(module))
-        if entry is None or entry[0] is not module:
-            entry = self._flags[id(module)] = (module, (
-                _module_attr(module, "inplace", False, self._classes) is True,
-                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes))))
-        return entry[1]
+        facts = self.module_facts(module)
+        return (facts.writes_input, facts.impure)
 
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node; every input for a
@@ -225,7 +264,8 @@ class Effects:
         module = self.module_of(node.target)
         if module is None:
             return None
-        if not module_hooks(module) and node.args and self._module_effects(node.target)[0]:
+        facts = self.module_facts(module)
+        if facts.writes_input and node.args and not self.module_hooks(module):
             return f"%{node.name} modifies its input in place"
         return self._module_effect_besides_writes(node)  # hooks are named before a write
 
@@ -233,14 +273,22 @@ class Effects:
         module = self.module_of(node.target)
         if module is None:
             return None
-        hooks = module_hooks(module)
+        hooks = self.module_hooks(module)
         if hooks:
             return f"%{node.name} calls `{node.target}`, which has {', '.join(hooks)}"
-        if self._module_effects(node.target)[1]:
+        facts = self.module_facts(module)
+        if facts.impure:
             return f"%{node.name} calls a module marked impure"
-        if aliasing.module_updates_statistics(module):
+        if facts.updates_statistics:
             return f"%{node.name} updates the running statistics of `{node.target}` (training mode)"
         return None
+
+    def module_hooks(self, module: Any) -> list:
+        """:func:`module_hooks` with the module's own hooks as found once for the run (the global ones
+        are read each time: registering one is the caller's business, not the rewrite's)."""
+        found = list(self.module_facts(module).hooks) if module is not None else []
+        found.extend(f"global {kind}" for kind in fxaccess.global_hook_kinds())
+        return found
 
     def draws_random(self, node: fx.Node) -> bool:
         """Whether calling ``node`` draws random numbers (a train-mode dropout, ``rand_like``, ...)."""
@@ -251,14 +299,42 @@ class Effects:
             return aliasing.method_draws_random(node.target)
         if op == "call_module":
             module = self.module_of(node.target)
-            return module is not None and aliasing.module_draws_random(module)
+            return module is not None and self.module_facts(module).draws_random
         return False
+
+    def random_nodes(self, graph: fx.Graph) -> dict:
+        """The nodes of ``graph`` that draw random numbers (:meth:`draws_random`), as a dict used as an
+        ordered set: found by the run's one walk (:meth:`_scan`), then kept as :meth:`writers` is.
+        Nothing else makes a node draw: a rewire replaces a node argument by another node, and a
+        node argument counts as "may draw" either way. Empty on most graphs (inference graphs,
+        eval-mode dropout), which lets :func:`changes_random_draws` skip its walk for unused inputs."""
+        entry = self._random
+        if entry is None or entry[0] is not graph:
+            self._scan(graph)
+            entry = self._random
+        return entry[1]
 
     def replacement_calls(self, program: Any) -> tuple:
         """Every RCall of ``program``'s replacements (remembered per program for the run)."""
+        return self._program_calls(program)[0]
+
+    def writing_calls(self, program: Any) -> tuple:
+        """The RCalls of ``program``'s replacements that may write an argument in place: all but those
+        whose template alone says they write nothing (:func:`_writes_nothing`); remembered per program."""
+        return self._program_calls(program)[1]
+
+    def drawing_calls(self, program: Any) -> tuple:
+        """The RCalls of ``program``'s replacements that may draw random numbers: all but those whose
+        template alone says they draw none (:func:`_draws_nothing`); remembered per program."""
+        return self._program_calls(program)[2]
+
+    def _program_calls(self, program: Any) -> tuple:
         entry = self._programs.get(id(program))
         if entry is None or entry[0] is not program:
-            entry = self._programs[id(program)] = (program, _calls_of(program.replacements))
+            calls = _calls_of(program.replacements)
+            entry = self._programs[id(program)] = (program, (
+                calls, tuple(c for c in calls if not _writes_nothing(c, self)),
+                tuple(c for c in calls if not _draws_nothing(c))))
         return entry[1]
 
     # -- tensors the graph writes ------------------------------------------------------
@@ -295,6 +371,14 @@ class Effects:
         key = aliasing.storage_key(tensor)
         return key in written or any(key in keys for keys in modules)
 
+    def nothing_written(self, graph: fx.Graph) -> bool:
+        """Whether :meth:`is_written` is False for every tensor (the usual graph: no global module hooks, no
+        node writing a parameter or buffer through its inputs, no module call writing its own tensors):
+        answered from the sets the run keeps, without a storage key."""
+        if fxaccess.global_hook_kinds() or self._input_writes(graph):
+            return False
+        return not any(self._module_writes(graph))
+
     def _input_writes(self, graph: fx.Graph) -> frozenset:
         """Storage keys of get_attr tensors that nodes write through their inputs (once per run)."""
         if self._storages is not None and self._storages[0] is graph:
@@ -318,12 +402,7 @@ class Effects:
         each node it creates or erases (:meth:`node_created`, :meth:`node_erased`): one walk per run,
         not one per check (a walk per check made folding 1,249 conv+bn pairs take 10 s)."""
         if self._writers is None or self._writers[0] is not graph:
-            writers: dict = {}
-            for node in graph.find_nodes(op="call_module"):
-                entry = self._module_entry(node)
-                if entry[1]:
-                    writers[node] = entry
-            self._writers = (graph, writers)
+            self._scan(graph)
         writers = self._writers[1]
         for node in list(writers):
             entry = self._module_entry(node)  # the module at the target, as it is now
@@ -348,17 +427,82 @@ class Effects:
         rewire replaces a node argument by another node."""
         entry = self._writer_nodes
         if entry is None or entry[0] is not graph:
-            found: dict = {}
-            for node in graph.nodes:
-                if node.op not in _NOT_CALLS and self.mutated_inputs(node):
-                    found[node] = None
-            entry = self._writer_nodes = (graph, found)
+            self._scan(graph)
+            entry = self._writer_nodes
         return entry[1]
+
+    def _scan(self, graph: fx.Graph) -> None:
+        """The one walk of a run that finds both kinds of writer: the nodes that write an input in place
+        (:meth:`writers`) and the module calls that write their module's own tensors
+        (:meth:`_module_writes`). Per node it asks what :meth:`mutated_inputs` and :meth:`_module_entry`
+        ask, answered per function target, method name and module object from this run's caches: the
+        common node (a call with no keywords to a function that writes only through ``inplace=``/``out=``,
+        a known module that does not write) costs a dictionary lookup or two."""
+        writer_nodes: dict = {}
+        module_writers: dict = {}
+        random: dict = {}
+        writes = self._writes
+        module_of = self.module_of
+        for node in graph.nodes:
+            op = node.op
+            if op == "call_function":
+                if self._function_may_draw(node.target) and self.draws_random(node):
+                    random[node] = None
+                target = node.target
+                try:
+                    kind = writes.get(target)
+                except TypeError:  # an unhashable target: asked the long way
+                    kind = None
+                if kind == _WRITES_BY_KEYWORDS and not node.kwargs:
+                    continue  # writes only through inplace=/out=, and has no keywords
+                if self.mutated_inputs(node):
+                    writer_nodes[node] = None
+            elif op == "call_module":
+                module = module_of(node.target)
+                if module is None:
+                    continue
+                facts = self.module_facts(module)
+                if not facts.known:
+                    if node.all_input_nodes:
+                        writer_nodes[node] = None
+                elif facts.writes_input and node.args and isinstance(node.args[0], fx.Node):
+                    writer_nodes[node] = None
+                if facts.hooks or not facts.known or facts.updates_statistics:
+                    entry = self._module_entry(node)
+                    if entry[1]:
+                        module_writers[node] = entry
+                if facts.draws_random:
+                    random[node] = None
+            elif op == "call_method":
+                if self.mutated_inputs(node):
+                    writer_nodes[node] = None
+                if aliasing.method_draws_random(node.target):
+                    random[node] = None
+        self._writer_nodes = (graph, writer_nodes)
+        self._writers = (graph, module_writers)
+        self._random = (graph, random)
+
+    def _function_may_draw(self, target: Any) -> bool:
+        """Whether some call of ``target`` may draw random numbers (:func:`aliasing.function_may_draw_random`),
+        remembered per target for the run; an unhashable target is asked each time."""
+        try:
+            known = self._may_draw.get(target)
+        except TypeError:
+            return True
+        if known is None:
+            known = self._may_draw[target] = aliasing.function_may_draw_random(target)
+        return known
 
     def _note_writer(self, node: fx.Node) -> None:
         entry = self._writer_nodes
         if entry is not None and node.graph is entry[0]:
             if node.op not in _NOT_CALLS and self.mutated_inputs(node):
+                entry[1][node] = None
+            else:
+                entry[1].pop(node, None)
+        entry = self._random
+        if entry is not None and node.graph is entry[0]:
+            if node.op not in _NOT_CALLS and self.draws_random(node):
                 entry[1][node] = None
             else:
                 entry[1].pop(node, None)
@@ -384,17 +528,20 @@ class Effects:
         self._module_keys.pop(node, None)
         if self._writer_nodes is not None:
             self._writer_nodes[1].pop(node, None)
+        if self._random is not None:
+            self._random[1].pop(node, None)
         if self._writers is not None:
             self._writers[1].pop(node, None)
 
     def _module_call_writes(self, module: Any) -> frozenset:
         if module is None:
-            return frozenset()
-        if fxaccess.hooked_kinds(module) or not self.module_is_known(module):
+            return _NOTHING
+        facts = self.module_facts(module)
+        if facts.hooks or not facts.known:
             return frozenset(aliasing.storage_key(t) for t in fxaccess.tensors(module))
-        if aliasing.module_updates_statistics(module):
+        if facts.updates_statistics:
             return frozenset(aliasing.storage_key(t) for t in module.buffers())  # a fused norm's too
-        return frozenset()
+        return _NOTHING
 
     def is_unknown_call(self, node: fx.Node) -> bool:
         """Whether ``node`` calls something the engine does not know (see :mod:`fxrules.engine.aliasing`):
@@ -410,10 +557,17 @@ class Effects:
                 kind = self._writes[target] = _function_writes(target)
             return kind == _WRITES_ALL
         if op == "call_method":
-            return not aliasing.method_is_known(node.target)
+            name = node.target
+            try:
+                known = self._methods.get(name)
+            except TypeError:  # an unhashable target
+                return not aliasing.method_is_known(name)
+            if known is None:
+                known = self._methods[name] = aliasing.method_is_known(name)
+            return not known
         if op == "call_module":
             module = self.module_of(node.target)
-            return module is not None and not self.module_is_known(module)
+            return module is not None and not self.module_facts(module).known
         return False
 
 
@@ -425,7 +579,33 @@ def module_hooks(module: Any) -> list:
     return found
 
 
+class ModuleFacts(NamedTuple):
+    """What the planner asks of one module object, found once per run (:meth:`Effects.module_facts`).
+    A named tuple rather than a dataclass: one is made per module of the graph, and a tuple is made
+    in a sixth of the time."""
+
+    known: bool  # computes as a torch.nn class (and its instance overrides none of the class's code)
+    hooks: tuple  # the kinds of hook registered on the module itself (fxaccess.hooked_kinds)
+    writes_input: bool  # `inplace` is True: a call writes its input
+    impure: bool  # marked impure (`_is_impure`)
+    updates_statistics: bool  # a train-mode norm that tracks running statistics
+    draws_random: bool  # a train-mode dropout (aliasing.module_draws_random)
+
+
 _UNKNOWN = object()
+_NOTHING: frozenset = frozenset()
+_PLAIN_MODULE = ModuleFacts(True, (), False, False, False, False)
+"""The facts of a plain module (:meth:`Effects._watched_names`): known, no hooks, no flags, no state."""
+
+
+def _module_attr_of_class(cls: type, name: str, classes: dict) -> Any:
+    """What :func:`_module_attr` knows of ``name`` from ``cls`` alone (remembered in ``classes``): its plain
+    value, ``_ABSENT``, or ``_NOT_PLAIN``."""
+    key = (cls, name)
+    known = classes.get(key, _UNKNOWN)
+    if known is _UNKNOWN:
+        known = classes[key] = _class_attr(cls, name)
+    return known
 _NOT_CALLS = frozenset({"placeholder", "output", "get_attr"})
 
 
@@ -648,15 +828,18 @@ def module_has_hooks(match: Match, effects: Effects) -> Optional[Refusal]:
     and the hooks (user code: logging, caching activations, changing the output) with it. Refused
     whatever the rule's contract; global hooks also refuse a replacement that calls a module
     (the hooks would run a different number of times)."""
+    global_hooks = fxaccess.global_hook_kinds()
     for node in match.bindings.nodes:
         if node.op == "call_module":
             module = effects.module_of(node.target)
-            hooks = module_hooks(module) if module is not None else []
+            if module is None or (not global_hooks and not effects.module_facts(module).hooks):
+                continue  # the usual module: its own hooks found once per run, and no global ones
+            hooks = effects.module_hooks(module)
             if hooks:
                 return Refusal(RefusalCode.MODULE_HAS_HOOKS,
                                f"module `{node.target}` (%{node.name}) has {', '.join(hooks)}; removing or replacing "
                                f"its call would drop them", (node.name,))
-    hooks = module_hooks(None)
+    hooks = module_hooks(None) if global_hooks else []
     if hooks and any(call.op == "call_module" for call in effects.replacement_calls(match.program)):
         root = match.roots[0]
         return Refusal(RefusalCode.MODULE_HAS_HOOKS,
@@ -728,12 +911,14 @@ def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Option
             return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
                            f"%{node.name} draws random numbers; under [{contract}] a rewrite may not remove it (every "
                            f"later random draw would change)", (node.name,))
-    for node in _left_unused(match, effects, inputs):
+    # the inputs the rewrite leaves unused are found only when some node of the graph draws (most graphs: none)
+    unused = _left_unused(match, effects, inputs) if effects.random_nodes(match.roots[0].graph) else ()
+    for node in unused:
         if effects.draws_random(node):
             return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
                            f"%{node.name} draws random numbers and the rewrite would leave it unused; under "
                            f"[{contract}] it may not be removed (every later random draw would change)", (node.name,))
-    for call in effects.replacement_calls(match.program):
+    for call in effects.drawing_calls(match.program):
         if _template_draws_random(call, match, effects):
             root = match.roots[call.root_index]
             return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
@@ -756,7 +941,7 @@ def replacement_writes_input(match: Match, effects: Effects) -> Optional[Refusal
     """A replacement call that writes one of its arguments in place (``add_``, ``inplace=True``,
     ``out=``) where that argument is not a fresh value made by the replacement itself: the
     write would change a value the rest of the graph reads."""
-    for call in effects.replacement_calls(match.program):
+    for call in effects.writing_calls(match.program):
         written = _template_written(call, match, effects)
         if written is None or (isinstance(written, RCall) and not _template_may_alias(written, match, effects)):
             continue
@@ -883,6 +1068,8 @@ def reads_written_value(match: Match, effects: Effects) -> Optional[Refusal]:
         spec = call.target
         if not isinstance(spec, RBuilder):
             continue
+        if effects.nothing_written(match.roots[0].graph):  # no tensor of the graph is written: none to read
+            return None
         graph = match.roots[0].graph
         for name in spec.names:
             if name.startswith("$"):
@@ -953,6 +1140,53 @@ def _template_draws_random(call: RCall, match: Match, effects: Effects) -> bool:
         p = dict(call.target.attrs).get("p")
         return not (isinstance(p, RLiteral) and p.value == 0)
     return module is not None and aliasing.module_draws_random(module)
+
+
+def _writes_nothing(call: RCall, effects: Effects) -> bool:
+    """Whether :func:`_template_written` is None for ``call`` whatever the match: the template alone says
+    so (its own arguments, not the root's; not a module the match names). False when it cannot tell."""
+    if call.op == "call_method":
+        return not aliasing.writes_by_name(call.target)
+    if call.op == "call_function":
+        target = call.target
+        if fxaccess.is_op_overload(target):
+            return not any(a.alias_info is not None and a.alias_info.is_write
+                           for a in fxaccess.op_schema(target).arguments)
+        if call.args is None:
+            return False
+        try:
+            kind = _function_writes(target)
+        except Exception:
+            return False
+        if kind == _WRITES_FIRST:
+            return False
+        kwargs = dict(call.kwargs)
+        inplace = kwargs.get("inplace")
+        if inplace is True or (isinstance(inplace, RLiteral) and inplace.value is True):
+            return False
+        return kwargs.get("out") is None
+    spec = call.target
+    if isinstance(spec, RBuilder):
+        return True  # _template_module gives no module: nothing written
+    if isinstance(spec, RNewModule):
+        inplace = dict(spec.attrs).get("inplace")
+        return not (isinstance(inplace, RLiteral) and inplace.value is True)
+    return False
+
+
+def _draws_nothing(call: RCall) -> bool:
+    """Whether :func:`_template_draws_random` is False for ``call`` whatever the match (its target alone
+    says so). False when it cannot tell."""
+    if call.op == "call_function":
+        return not aliasing.function_may_draw_random(call.target)
+    if call.op == "call_method":
+        return not aliasing.method_draws_random(call.target)
+    spec = call.target
+    if isinstance(spec, RBuilder):
+        return True  # _template_module gives no module: draws nothing
+    if isinstance(spec, RNewModule):
+        return not issubclass(spec.cls, aliasing.RANDOM_MODULES)
+    return False
 
 
 def _template_may_alias(item: Any, match: Match, effects: Effects) -> bool:

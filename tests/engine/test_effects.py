@@ -185,6 +185,101 @@ def test_a_random_input_the_rewrite_would_leave_unused_is_refused():
     assert not same(seeded_call(changed.module, x)[1], seeded_call(model, x)[1])  # what [approx] refused
 
 
+def _sigmoid_times_zero() -> fx.GraphModule:
+    """``x + sigmoid(x) * 0``: nothing in it draws random numbers."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    scaled = graph.call_function(operator.mul, (graph.call_function(torch.sigmoid, (x,)), 0))
+    graph.output(graph.call_function(operator.add, (x, scaled)))
+    return fx.GraphModule(nn.Module(), graph)
+
+
+DROP_ZERO = "rule b_drop_zero [approx]: call_function operator.add($x, call_function operator.mul($y, 0)) -> $x\n"
+
+
+def test_a_random_input_made_by_an_earlier_rewrite_of_the_run_is_still_refused():
+    """The planner skips its walk for inputs left unused while no node of the graph draws random numbers
+    (Effects.random_nodes, found once per run); a draw that an earlier rewrite of the same run creates joins
+    that set, so the later [approx] match that would leave it unused is refused as on a graph that had it."""
+    text = ("rule a_make_draw [changes]: call_function torch.sigmoid($y) -> "
+            "call_function torch.ops.aten.rand_like.default($y)\n" + DROP_ZERO)
+    result = fxrules.apply_rules(_sigmoid_times_zero(), rules(text))
+    assert result.counts == {"a_make_draw": 1}
+    assert codes(result) == [RefusalCode.CHANGES_RANDOM_DRAWS] and result.report.rejected[0].nodes == ("rand_like_default",)
+    assert [n.target for n in result.module.graph.nodes if n.op == "call_function"] == \
+        [torch.ops.aten.rand_like.default, operator.mul, operator.add]
+
+
+def test_without_random_draws_the_unused_inputs_are_not_walked(monkeypatch):
+    """The fast path itself: on a graph with no random draw the walk for unused inputs does not run,
+    and the rewrite is made; with one, it runs (and refuses, as above)."""
+    from fxrules.engine import planner
+
+    walked = []
+    original = planner._left_unused
+    monkeypatch.setattr(planner, "_left_unused", lambda *a: walked.append(1) or original(*a))
+    result = fxrules.apply_rules(_sigmoid_times_zero(), rules(DROP_ZERO))
+    assert result.counts == {"b_drop_zero": 1} and walked == []
+    result = fxrules.apply_rules(random_unused(), rules(DROP_ZERO))
+    assert codes(result) == [RefusalCode.CHANGES_RANDOM_DRAWS] and walked == [1]
+
+
+def test_the_one_walk_finds_what_each_node_says():
+    """Effects._scan (the run's one walk for writers, module writers and random draws) agrees, node by
+    node, with mutated_inputs, _module_entry and draws_random on a graph with every kind of node."""
+    class Unknown(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.relu_ = nn.ReLU(inplace=True)
+            self.relu = nn.ReLU()
+            self.bn = nn.BatchNorm1d(4)  # train mode: updates its statistics
+            self.drop = nn.Dropout(0.5)  # train mode: draws
+            self.unknown = Unknown()
+            self.hooked = nn.Linear(4, 4)
+            self.hooked.register_forward_hook(lambda m, a, out: None)
+            self.eval_drop = nn.Dropout(0.5).eval()
+
+        def forward(self, x):
+            y = self.relu(x + 1)
+            y = self.relu_(y * 2)
+            y = self.bn(y)
+            y = self.drop(y) + self.eval_drop(y)
+            y = self.unknown(y) + self.hooked(y)
+            z = y.clone()
+            z.add_(1)
+            w = torch.sigmoid(y, out=torch.empty_like(y))
+            r = F.dropout(y, 0.3, True) + F.dropout(y, 0.3, False) + torch.rand_like(y) + y.bernoulli()
+            return F.relu(z, inplace=True) + F.gelu(w) + r + torch.empty_like(y).uniform_()
+
+    class KeepUnknown(fx.Tracer):
+        def is_leaf_module(self, m, qualname):
+            return isinstance(m, Unknown) or super().is_leaf_module(m, qualname)
+
+    model = Model().train()
+    model.eval_drop.eval()
+    gm = fx.GraphModule(model, KeepUnknown().trace(model))
+    from fxrules.engine.transaction import Workpiece
+
+    work = Workpiece(gm.graph, gm, class_name="Model")
+    effects = work.effects
+    writers = effects.writers(gm.graph)
+    module_writers = set(effects._writers[1])
+    drawing = effects.random_nodes(gm.graph)
+    reference = Effects(work.module_of, work.attr_of)
+    calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+    assert list(writers) == [n for n in calls if reference.mutated_inputs(n)]
+    assert module_writers == {n for n in calls if n.op == "call_module" and reference._module_entry(n)[1]}
+    assert list(drawing) == [n for n in calls if reference.draws_random(n)]
+    names = lambda found: sorted(n.name for n in found)  # noqa: E731
+    assert names(writers) == ["add_", "relu_", "relu_1", "sigmoid", "uniform_", "unknown"]
+    assert names(module_writers) == ["bn", "hooked"]  # Unknown holds no tensor: its call writes none itself
+    assert names(drawing) == ["bernoulli", "drop", "dropout", "rand_like", "uniform_"]
+
+
 def test_a_replacement_that_adds_a_random_draw_is_refused():
     class M(nn.Module):
         def forward(self, x):
@@ -430,6 +525,60 @@ def test_a_builder_does_not_read_a_written_buffer():
     expected = model(x)
     model.bn.running_mean.sub_(1)
     assert torch.equal(result.module(x), expected)
+
+
+def _conv_bn_graph(write: bool) -> fx.GraphModule:
+    root = nn.Module()
+    root.conv = nn.Conv2d(3, 4, 3)
+    root.bn = nn.BatchNorm2d(4).eval()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    if write:
+        graph.call_method("add_", (graph.get_attr("bn.running_mean"), 1))
+    graph.output(graph.call_module("bn", (graph.call_module("conv", (x,)),)))
+    return fx.GraphModule(root, graph)
+
+
+@pytest.mark.parametrize("case", ["eval", "buffer written", "train-mode norm", "global hook", "unknown module"])
+def test_nothing_written_is_is_written_for_every_tensor(case):
+    """Effects.nothing_written (reads-written-value's fast path) is True exactly when is_written is False
+    for every tensor of the model; the refusal is still made whenever something is written."""
+    from fxrules.engine.transaction import Workpiece
+
+    gm = _conv_bn_graph(write=case == "buffer written")
+    if case == "train-mode norm":
+        gm.bn.train()
+    if case == "unknown module":
+        class Opaque(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = nn.Parameter(torch.ones(1))
+
+            def forward(self, x):
+                return x * self.scale
+
+        gm.add_submodule("opaque", Opaque())
+        node = next(n for n in gm.graph.nodes if n.op == "output")
+        with gm.graph.inserting_before(node):
+            gm.graph.call_module("opaque", (next(iter(gm.graph.nodes)),))
+        gm.recompile()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, out: None) \
+        if case == "global hook" else None
+    try:
+        work = Workpiece(gm.graph, gm, class_name="M")
+        effects = work.effects
+        tensors = [t for m in gm.modules() for t in list(m.parameters(recurse=False)) + list(m.buffers(recurse=False))]
+        written = [effects.is_written(gm.graph, t) for t in tensors]
+        assert effects.nothing_written(gm.graph) == (case == "eval") == (not any(written))
+        result = fxrules.apply_rules(gm, fxrules.load_rules(RULES / "fold" / "conv_bn.fxr"))
+        # the fold's own later refusal (the module is in training mode, so its parameters are trainable)
+        # where the builder reads nothing written; reads-written-value where it would
+        expected = {"eval": RefusalCode.TRAINABLE_PARAMETER_DROPPED, "unknown module": RefusalCode.TRAINABLE_PARAMETER_DROPPED,
+                    "buffer written": RefusalCode.READS_WRITTEN_VALUE, "global hook": RefusalCode.MODULE_HAS_HOOKS}
+        assert codes(result) == ([expected[case]] if case in expected else [])  # a train-mode bn: no match
+    finally:
+        if handle is not None:
+            handle.remove()
 
 
 # ---------------------------------------------------------------------------
@@ -752,3 +901,57 @@ def test_no_torch_nn_module_keeps_a_class_name_on_its_instance():
     compiled = nn.ReLU()
     compiled.compile()
     assert overridden_on_instance(compiled)  # a compiled call runs other code
+
+
+def _facts_in_full(effects: Effects, module: nn.Module) -> tuple:
+    """What Effects.module_facts answers, each fact asked the long way."""
+    from fxrules.engine import aliasing, fxaccess
+    from fxrules.engine.matcher import overridden_on_instance
+
+    known = aliasing.module_class_is_known(type(module), computes_as) and not overridden_on_instance(module)
+    return (known, tuple(fxaccess.hooked_kinds(module)), getattr(module, "inplace", False) is True,
+            bool(getattr(module, "_is_impure", False)), aliasing.module_updates_statistics(module),
+            aliasing.module_draws_random(module))
+
+
+def _flagged_by_member() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module.register_buffer("inplace", torch.tensor(True))  # a registered member named like the flag
+    return module
+
+
+def _hooked() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module.register_forward_pre_hook(lambda m, args: None)
+    return module
+
+
+def _overridden() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module.forward = lambda x: x
+    return module
+
+
+def _impure() -> nn.Module:
+    module = nn.Linear(2, 2)
+    module._is_impure = True
+    return module
+
+
+class _ImpureClass(nn.Linear):
+    _is_impure = True
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.Linear(2, 2), lambda: nn.LayerNorm(2), lambda: nn.ReLU(), lambda: nn.ReLU(inplace=True),
+    lambda: nn.BatchNorm1d(2), lambda: nn.BatchNorm1d(2).eval(), lambda: nn.Dropout(0.5), lambda: nn.Dropout(0.5).eval(),
+    lambda: nn.Dropout(0.0), _flagged_by_member, _hooked, _overridden, _impure, lambda: _ImpureClass(2, 2),
+    lambda: nn.Sequential(nn.Linear(2, 2)), lambda: nn.Module()])
+def test_module_facts_are_each_fact_asked_in_full(make):
+    """Effects.module_facts answers a plain module (its class known and flag-free, not a norm or dropout,
+    the instance overriding nothing, without hooks) from its class alone; any other module is asked in
+    full. Either way the answers are those of the long way."""
+    module = make()
+    effects = Effects(lambda target: module)
+    assert tuple(effects.module_facts(module)) == _facts_in_full(effects, module)
+    assert effects.module_facts(module) is effects.module_facts(module)  # once per module object

@@ -474,3 +474,17 @@ def test_hooked_kinds():
     module.register_forward_pre_hook(lambda m, args: None)
     module.register_full_backward_hook(lambda m, gi, go: None)
     assert fxaccess.hooked_kinds(module) == ["forward_pre_hooks", "backward_hooks"]
+
+
+@pytest.mark.parametrize("register", ["none", "register_forward_hook", "register_forward_pre_hook",
+                                      "register_full_backward_hook", "register_full_backward_pre_hook", "removed"])
+def test_hooked_kinds_fast_and_public_agree(register):
+    module = nn.Linear(2, 2)
+    if register == "removed":
+        module.register_forward_hook(lambda m, args, out: None).remove()
+    elif register != "none":
+        hook = (lambda m, a, b: None) if "backward_hook" in register or register == "register_forward_hook" \
+            else (lambda m, a: None)
+        getattr(module, register)(hook)
+    expected = [] if register in ("none", "removed") else [register.replace("register_", "").replace("full_", "") + "s"]
+    assert fxaccess.hooked_kinds_fast(module) == fxaccess.hooked_kinds_public(module) == expected

@@ -444,3 +444,66 @@ def test_the_json_fields_are_documented():
     assert '"code": "interior-used-outside"' in cli and '"nodes": ["relu", "add"]' in cli
     assert re.search(r'"code": "condition-false"', cli)
     assert '"hosts_gap"' in cli or '"hosts_gap"' in (DOCS / "verify.md").read_text()
+
+
+# The planner asks whether a replacement call writes in place or draws random numbers only of the calls
+# whose template cannot rule it out (Effects.writing_calls, Effects.drawing_calls, once per program). Each
+# way a template can write is still refused, and a template that neither writes nor draws is not asked.
+# (A replacement that draws where its pattern does not is an error of the rule file under [exact]/[approx].)
+WRITING_REPLACEMENTS = [
+    "call_method relu_($x)",
+    "call_function torch.relu($x, inplace=True)",
+    "call_function F.relu($x, inplace=True)",
+    "call_function torch.neg($x, out=$x)",
+    "call_function operator.iadd($x, 1)",
+    "call_function torch.ops.aten.relu_.default($x)",
+    "call_module ReLU{inplace=True}($x)",
+]
+
+
+@pytest.mark.parametrize("replacement", WRITING_REPLACEMENTS)
+def test_every_way_a_replacement_writes_an_input_is_refused(replacement):
+    rules = fxrules.parse_rules(f"rule r: call_function torch.relu(call_function operator.mul($x, 2)) -> {replacement}")
+    program = compile_rules(rules).programs[0]
+    effects = planner.Effects(lambda target: None)
+    assert effects.writing_calls(program), "the template alone must not rule the write out"
+    result = fxrules.apply_rules(ReluOfMul(), rules)
+    assert [r.code for r in result.report.rejected] == [RefusalCode.REPLACEMENT_WRITES_INPUT]
+
+
+@pytest.mark.parametrize("text", [
+    "call_function torch.relu($x)", "call_method relu($x)", "call_function torch.neg($x)",
+    "call_module ReLU{}($x)", "call_module ReLU{inplace=False}($x)", "call_function F.dropout($x, 0.5, False)",
+    "call_module Dropout{p=0.0}($x)", "call_function torch.ops.aten.relu.default($x)"])
+def test_a_template_that_writes_and_draws_nothing_is_not_asked_per_match(text):
+    rules = fxrules.parse_rules(f"rule r [changes]: call_function torch.relu(call_function operator.mul($x, 2)) -> {text}")
+    program = compile_rules(rules).programs[0]
+    effects = planner.Effects(lambda target: None)
+    assert len(effects.replacement_calls(program)) == 1
+    assert effects.writing_calls(program) == ()
+    # a dropout template names a class or function that may draw: asked per match (and answered there)
+    assert (effects.drawing_calls(program) == ()) == ("ropout" not in text)
+    result = fxrules.apply_rules(ReluOfMul(), rules)
+    if "ropout" in text:  # an eval-mode dropout returns its input, which the graph also returns
+        assert [r.code for r in result.report.rejected] == [RefusalCode.OUTPUT_ALIAS_INTRODUCED]
+    else:
+        assert result.counts == {"r": 1}
+
+
+def test_a_reused_module_that_draws_is_refused_in_the_replacement():
+    """A replacement that calls a matched module again (RReuse) is asked per match: a train-mode dropout
+    it would call twice is refused under [approx] (its pattern draws, so the rule file is allowed)."""
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, x):
+            return self.drop(x) * 2
+
+    rules = fxrules.parse_rules("rule r [approx]: call_function operator.mul(call_module Dropout($x) as d, 2) -> "
+                                "call_function operator.add(call_module d($x), call_module d($x))")
+    program = compile_rules(rules).programs[0]
+    assert planner.Effects(lambda target: None).drawing_calls(program)
+    result = fxrules.apply_rules(Twice().train(), rules)
+    assert [r.code for r in result.report.rejected] == [RefusalCode.CHANGES_RANDOM_DRAWS]
