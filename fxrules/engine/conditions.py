@@ -313,6 +313,9 @@ class Evaluator:
             if isinstance(base, torch.Tensor):
                 _check_tensor_index(base, index)
             return _bounded(base[index])
+        if kind is A.CSlice:  # the index of a CIndex: `$x.shape[1:]`
+            return slice(*(None if part is None else _slice_bound(_plain(self, self.value(part)))
+                           for part in (cond.start, cond.stop, cond.step)))
         if kind is A.CCall:
             return self.call(cond)
         if kind is A.CList:
@@ -557,6 +560,15 @@ class _EvaluationState:
         self.items_left -= 1
         if self.items_left < 0:
             raise ConditionRefused(f"a condition's generators may visit at most {MAX_CONDITION_ITEMS} items in all")
+
+
+def _slice_bound(value: Any) -> Any:
+    """A slice's part: an int (a bool too, as in Python) or None; anything else raises, as Python's slicing of a
+    sequence would (``$x.shape[1.5:]``: TypeError, so the match is refused with condition-raised). A
+    slice builds nothing larger than what it slices, so it needs no budget of its own."""
+    if value is None or isinstance(value, int):
+        return value
+    raise TypeError(f"slice indices must be integers or None, not {type(value).__name__}")
 
 
 def _holds_node(value: Any) -> bool:

@@ -61,6 +61,9 @@ class _ConditionWalk:
         elif isinstance(cond, A.CIndex):
             self.condition(cond.value)
             self.condition(cond.index)
+        elif isinstance(cond, A.CSlice):  # only as an index (the grammar)
+            for part in cond.parts():
+                self.condition(part)
         elif isinstance(cond, A.CCall):
             self.call(cond)
         elif isinstance(cond, A.CList):
