@@ -191,6 +191,11 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
 
 _CAPTURE_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
 
+_DTYPE_ATTRS = frozenset({"itemsize", "is_floating_point", "is_complex", "is_signed"})
+"""What a condition may read of a dtype (``$x.dtype.itemsize``, ``$d.is_floating_point`` for a dtype
+literal ``$d``; of a tensor or its metadata, its dtype's: ``$x.itemsize``): plain data, properties of
+``torch.dtype``. A value that is neither (an int, a list) has none of them: the condition is false."""
+
 
 class Evaluator:
     """Evaluates one rule's conditions against one match."""
@@ -291,6 +296,11 @@ class Evaluator:
             if cond.attr in _CAPTURE_ATTRS:
                 if not hasattr(base, cond.attr):
                     raise NotApplicable(cond.attr)
+            elif cond.attr in _DTYPE_ATTRS and not from_module:
+                dtype = base if isinstance(base, torch.dtype) else getattr(base, "dtype", None)  # a tensor's
+                if not isinstance(dtype, torch.dtype):
+                    raise NotApplicable(cond.attr)
+                return getattr(dtype, cond.attr)
             elif isinstance(base, WrittenTensor):
                 raise NotApplicable(cond.attr)  # a view of a written tensor (`.T`): no values either
             elif not (from_module or isinstance(base, (nn.Module, torch.Tensor))):
