@@ -191,6 +191,11 @@ _BINARY: dict[str, Callable[[Any, Any], Any]] = {
 
 _CAPTURE_ATTRS = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
 
+_DTYPE_ATTRS = frozenset({"itemsize", "is_floating_point", "is_complex", "is_signed"})
+"""What a condition may read of a dtype (``$x.dtype.itemsize``, ``$d.is_floating_point`` for a dtype
+literal ``$d``; of a tensor or its metadata, its dtype's: ``$x.itemsize``): plain data, properties of
+``torch.dtype``. A value that is neither (an int, a list) has none of them: the condition is false."""
+
 
 class Evaluator:
     """Evaluates one rule's conditions against one match."""
@@ -291,6 +296,11 @@ class Evaluator:
             if cond.attr in _CAPTURE_ATTRS:
                 if not hasattr(base, cond.attr):
                     raise NotApplicable(cond.attr)
+            elif cond.attr in _DTYPE_ATTRS and not from_module:
+                dtype = base if isinstance(base, torch.dtype) else getattr(base, "dtype", None)  # a tensor's
+                if not isinstance(dtype, torch.dtype):
+                    raise NotApplicable(cond.attr)
+                return getattr(dtype, cond.attr)
             elif isinstance(base, WrittenTensor):
                 raise NotApplicable(cond.attr)  # a view of a written tensor (`.T`): no values either
             elif not (from_module or isinstance(base, (nn.Module, torch.Tensor))):
@@ -313,6 +323,9 @@ class Evaluator:
             if isinstance(base, torch.Tensor):
                 _check_tensor_index(base, index)
             return _bounded(base[index])
+        if kind is A.CSlice:  # the index of a CIndex: `$x.shape[1:]`
+            return slice(*(None if part is None else _slice_bound(_plain(self, self.value(part)))
+                           for part in (cond.start, cond.stop, cond.step)))
         if kind is A.CCall:
             return self.call(cond)
         if kind is A.CList:
@@ -557,6 +570,15 @@ class _EvaluationState:
         self.items_left -= 1
         if self.items_left < 0:
             raise ConditionRefused(f"a condition's generators may visit at most {MAX_CONDITION_ITEMS} items in all")
+
+
+def _slice_bound(value: Any) -> Any:
+    """A slice's part: an int (a bool too, as in Python) or None; anything else raises, as Python's slicing of a
+    sequence would (``$x.shape[1.5:]``: TypeError, so the match is refused with condition-raised). A
+    slice builds nothing larger than what it slices, so it needs no budget of its own."""
+    if value is None or isinstance(value, int):
+        return value
+    raise TypeError(f"slice indices must be integers or None, not {type(value).__name__}")
 
 
 def _holds_node(value: Any) -> bool:

@@ -637,6 +637,8 @@ def _reads_metadata(cond: A.Cond) -> bool:
             stack.append(c.value)
         elif isinstance(c, A.CIndex):
             stack.extend((c.value, c.index))
+        elif isinstance(c, A.CSlice):
+            stack.extend(c.parts())
         elif isinstance(c, A.CCall):
             stack.append(c.func)
             stack.extend(c.args)

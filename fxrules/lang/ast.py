@@ -273,6 +273,21 @@ class CIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class CSlice:
+    """``start:stop:step``, each part optional (None): the index of a :class:`CIndex` only (``$x.shape[1:]``).
+    Its parts evaluate to ints or None (fxrules.engine.conditions); a slice never makes a sequence longer."""
+
+    start: Optional["Cond"] = None
+    stop: Optional["Cond"] = None
+    step: Optional["Cond"] = None
+    span: Span = _span()
+
+    def parts(self) -> tuple:
+        """The parts written, in order."""
+        return tuple(p for p in (self.start, self.stop, self.step) if p is not None)
+
+
+@dataclass(frozen=True, slots=True)
 class CCall:
     func: "Cond"
     args: tuple["Cond", ...]
@@ -316,7 +331,7 @@ class CGenerator:
     span: Span = _span()
 
 
-Cond = Union[CCapture, CName, CLiteral, CAttr, CIndex, CCall, CList, CUnary, CBinary, CGenerator]
+Cond = Union[CCapture, CName, CLiteral, CAttr, CIndex, CSlice, CCall, CList, CUnary, CBinary, CGenerator]
 
 
 def bound_names(exprs) -> frozenset:

@@ -405,6 +405,10 @@ def _expand_cond(node: object, minimum: int) -> list:
             return [(value, _POSTFIX), "." + attr]
         case A.CIndex(value=value, index=index):
             return [(value, _POSTFIX), "[", (index, 0), "]"]
+        case A.CSlice(start=start, stop=stop, step=step):  # inside a CIndex's brackets
+            parts: list = [] if start is None else [(start, 0)]
+            parts += [":"] + ([] if stop is None else [(stop, 0)])
+            return parts + ([] if step is None else [":", (step, 0)])
         case A.CCall(func=func, args=args):
             return [(func, _POSTFIX), "(", *_joined(args, 0), ")"]
         case A.CList(items=items, parens=True):

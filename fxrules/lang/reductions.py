@@ -479,6 +479,17 @@ class Reductions:
     def r_c_index(self, ch: list) -> A.CIndex:  # postfix LSQB cond RSQB
         return A.CIndex(ch[0], ch[2], self._span(ch[0], ch[3]))
 
+    def r_c_slice(self, ch: list) -> A.CIndex:  # postfix LSQB cond? COLON cond? (COLON cond?)? RSQB
+        parts: list = [None, None, None]
+        position = 0
+        for item in ch[2:-1]:
+            if isinstance(item, re.Match):  # a COLON
+                position += 1
+            else:
+                parts[position] = item
+        bounds = A.CSlice(*parts, self._tokens_span(ch[1], ch[-1]))
+        return A.CIndex(ch[0], bounds, self._span(ch[0], ch[-1]))
+
     def r_c_call(self, ch: list) -> A.CCall:  # postfix LPAR (cond (COMMA cond)* COMMA?)? RPAR
         return A.CCall(ch[0], tuple(ch[2:-1:2]), self._span(ch[0], ch[-1]))
 

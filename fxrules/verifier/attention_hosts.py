@@ -28,7 +28,8 @@ recognises an attention pattern (:func:`attention_roles`) and draws its captures
   (``BOOL_MASK_SHAPES``: padding, square, causal, the scores' shape, or a near miss: 1-D, wider than
   the scores, floating), keeping at least one key of every query (``MASK_KEEPS_A_KEY``: the domain of
   fxrules/library/fuse/attention_bool_mask.fxr), and **the fill** (``FILL_SPELLINGS``: the dtype's
-  minimum, float32's, ``-inf``, or a near miss that leaves masked keys a weight: ``-1e4``, ``0``).
+  minimum, float32's, ``-inf``, or a near miss that leaves masked keys a weight: ``-1e4``, ``0``;
+  where the op takes a tensor, that value as a 0-d buffer, or a 0-d input a rule must refuse).
 
 And, so that the conditions of attention rules are tested against the spellings inductor's SDPA
 fusions got wrong in 2026 (wrong outputs, silently):
@@ -76,7 +77,8 @@ _SCALES = frozenset({operator.mul, torch.mul, "mul", operator.truediv, torch.div
                      aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar})
 _ADDS = frozenset({operator.add, torch.add, "add", aten.add.Tensor})
 _WHERES = frozenset({torch.where, aten.where.self, aten.where.ScalarOther})  # where(keep, scores, fill)
-_MASKED_FILLS = frozenset({"masked_fill", torch.masked_fill, aten.masked_fill.Scalar})  # (scores, drop, fill)
+_MASKED_FILLS = frozenset({"masked_fill", torch.masked_fill, aten.masked_fill.Scalar,
+                           aten.masked_fill.Tensor})  # (scores, drop, fill)
 _DROPOUTS = frozenset({F.dropout, torch.dropout, aten.dropout.default})
 _CASTS = frozenset({"to", "type", aten.to.dtype, aten._to_copy.default})
 _TRANSPOSES = frozenset({"transpose", torch.transpose, aten.transpose.int})
@@ -101,6 +103,8 @@ MASK_KEEPS_A_KEY = True
 least one key; a drawn bool mask keeps one in each row (a row masking every key is averaged by the
 written-out softmax with a finite fill, and is 0 in SDPA)."""
 FILL_SPELLINGS = ("finfo.min", "finfo.min", "float32 min", "-inf", "-1e4", "0.0")
+FILL_TENSOR_SOURCES = ("buffer", "buffer", "input")
+"""Where a fill the op takes as a tensor comes from: a 0-d buffer (a constant), or an input (not one)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,7 +344,7 @@ class AttentionHostWriter(HostGraphWriter):
         if name in (roles.keep, roles.drop):
             return self.bool_mask(param, keep=name == roles.keep)
         if name == roles.fill:
-            return self.fill()
+            return self.fill(param)
         return _NONE
 
     def scale(self, param: Param) -> Any:
@@ -390,14 +394,30 @@ class AttentionHostWriter(HostGraphWriter):
         self.values[node] = self.inputs[-1]
         return node
 
-    def fill(self) -> Any:
+    def fill(self, param: Param) -> Any:
         """The value masked scores get: a number at most -1e30 as models write it (the dtype's min,
-        float32's min, -inf), or a near miss that leaves masked keys a weight (-1e4, 0)."""
+        float32's min, -inf), or a near miss that leaves masked keys a weight (-1e4, 0). Where the op
+        takes a tensor there (``aten.where.self``, ``aten.masked_fill.Tensor``), that value as a 0-d
+        tensor (``FILL_TENSOR_SOURCES``): a buffer of the host, as models keep it, or an input, whose
+        value is not known when the rule is tried (a rule must refuse it)."""
         spelling = self.draw(st.sampled_from(FILL_SPELLINGS), label="fill")
-        self.lines.append(f"fill written as {spelling}")
-        return {"finfo.min": torch.finfo(self.dtype).min if self.dtype.is_floating_point else -1e4,
-                "float32 min": torch.finfo(torch.float32).min, "-inf": float("-inf"), "-1e4": -1e4,
-                "0.0": 0.0}[spelling]
+        value = {"finfo.min": torch.finfo(self.dtype).min if self.dtype.is_floating_point else -1e4,
+                 "float32 min": torch.finfo(torch.float32).min, "-inf": float("-inf"), "-1e4": -1e4,
+                 "0.0": 0.0}[spelling]
+        if param.kind == "number":
+            self.lines.append(f"fill written as {spelling}")
+            return value
+        source = self.draw(st.sampled_from(FILL_TENSOR_SOURCES), label="fill tensor")
+        self.lines.append(f"fill: a 0-d {source} holding {spelling}")
+        dtype = self.dtype if self.dtype.is_floating_point else torch.float32  # -inf has no integer value
+        tensor = torch.tensor(value, dtype=dtype)
+        if source == "input":
+            return self.new_input((), dtype=dtype)
+        name = f"fill{len(self.lines)}"
+        self.root.register_buffer(name, tensor)
+        node = self.graph.get_attr(name)
+        self.values[node] = getattr(self.root, name)
+        return node
 
     # -- the key -------------------------------------------------------------------------------------
     def op_call(self, p: PCall) -> Any:

@@ -484,6 +484,8 @@ def default_catalogue() -> Catalogue:
                      floating_only=False)
     cat.add_function(aten.masked_fill.Scalar, Param("self", "tensor"), Param("mask", "mask", of="self"),
                      Param("value", "number"), floating_only=False)
+    cat.add_function(aten.masked_fill.Tensor, Param("self", "tensor"), Param("mask", "mask", of="self"),
+                     Param("value", "tensor_partner", of="self"), floating_only=False)  # a 0-d value only: others raise
     for where in (torch.where, aten.where.self):
         cat.add_function(where, Param("condition", "mask", of=None), Param("input" if where is torch.where else "self",
                                                                           "tensor_partner", of="condition"),

@@ -207,6 +207,14 @@ def test_expression_text(source: str, expected: str | None) -> None:
         ("sum(v for v in a in b if not v)", "sum(v for v in a in b if not v)"),
         ("all(all(i < j for i in range(j)) for j in $xs)", "all(all(i < j for i in range(j)) for j in $xs)"),
         ("f(for for if in in_ if if_)", "f(for for if in in_ if if_)"),  # keywords only where the grammar takes them
+        # slices (issue 19): an index with colons
+        ("$x.shape[1:]", "$x.shape[1:]"),
+        ("$x.shape[ : -1]", "$x.shape[:-1]"),
+        ("a[::2]", "a[::2]"),
+        ("a[1::]", "a[1:]"),
+        ("a[:]", "a[:]"),
+        ("a[(b + 1):len(c) - 1:(d)][0]", "a[b + 1:len(c) - 1:d][0]"),
+        ("a[b or c:]", "a[b or c:]"),
     ],
 )
 def test_condition_text(source: str, expected: str) -> None:
@@ -451,6 +459,7 @@ conds = st.recursive(
         st.builds(A.CUnary, st.sampled_from(("not", "-")), c),
         st.builds(A.CAttr, c, names),
         st.builds(A.CIndex, c, c),
+        st.builds(lambda v, *parts: A.CIndex(v, A.CSlice(*parts)), c, st.none() | c, st.none() | c, st.none() | c),
         st.builds(A.CCall, c, tuple_of(c, max_size=3)),
         tuple_of(c, max_size=3).map(A.CList),
         st.builds(lambda func, *parts: A.CCall(func, (A.CGenerator(*parts),)), c, c, names, c, st.none() | c),

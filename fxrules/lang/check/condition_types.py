@@ -54,6 +54,8 @@ def kind(cond: A.Cond) -> Optional[str]:
         return _arithmetic_kind(cond.op, kind(cond.left), kind(cond.right))
     if isinstance(cond, A.CCall) and isinstance(cond.func, A.CName) and cond.func.name == "len":
         return INT
+    if isinstance(cond, A.CIndex) and isinstance(cond.index, A.CSlice) and kind(cond.value) in (SHAPE, LIST, STR):
+        return kind(cond.value)  # a slice of a sequence is one of its kind
     return None
 
 
@@ -86,6 +88,12 @@ def _first_error(cond: A.Cond) -> Optional[tuple]:
     if isinstance(cond, A.CUnary) and cond.op == "-" and kind(cond.operand) in (SHAPE, LIST, STR) + tuple(
             _NO_ARITHMETIC):
         return cond.span, f"`-` of {kind(cond.operand)} always raises"
+    if isinstance(cond, A.CSlice):
+        for part in cond.parts():
+            if kind(part) is not None and kind(part) not in (INT, BOOL, NONE):
+                return part.span, f"a slice bound is an int or None; {kind(part)} always raises"
+    if isinstance(cond, A.CIndex) and isinstance(cond.index, A.CSlice) and kind(cond.value) in _NUMBERS:
+        return cond.span, f"slicing {kind(cond.value)} always raises"
     return None
 
 
@@ -116,6 +124,8 @@ def _parts(cond: A.Cond) -> tuple:
         return (cond.operand,)
     if isinstance(cond, (A.CAttr, A.CIndex)):
         return (cond.value,) if isinstance(cond, A.CAttr) else (cond.value, cond.index)
+    if isinstance(cond, A.CSlice):
+        return cond.parts()
     if isinstance(cond, A.CCall):
         return cond.args
     if isinstance(cond, A.CList):

@@ -24,6 +24,9 @@ CONDITION_FUNCTION_NAMES = frozenset(CONDITION_FUNCTIONS)
 """The pure builtins a condition may call by bare name."""
 
 CAPTURE_ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "device", "numel", "requires_grad", "is_contiguous"})
+DTYPE_ATTRIBUTES = frozenset({"itemsize", "is_floating_point", "is_complex", "is_signed"})
+"""What a condition may read of a dtype value (``$x.dtype.itemsize``, ``$d.is_floating_point`` for a
+captured dtype literal): torch.dtype's data properties. Of a value that is not a dtype, none: false."""
 """What a condition may read from a captured value (tensor metadata)."""
 
 def check_conditions(reporter: Reporter, targets: Targets, bindings: Bindings, conditions: tuple[A.Cond, ...]) -> None:
@@ -61,6 +64,9 @@ class _ConditionWalk:
         elif isinstance(cond, A.CIndex):
             self.condition(cond.value)
             self.condition(cond.index)
+        elif isinstance(cond, A.CSlice):  # only as an index (the grammar)
+            for part in cond.parts():
+                self.condition(part)
         elif isinstance(cond, A.CCall):
             self.call(cond)
         elif isinstance(cond, A.CList):
@@ -100,6 +106,8 @@ class _ConditionWalk:
                                        f"a call_module node its module's attributes; users(), user_targets() and "
                                        f"used_only_by() describe its users"])
             return
+        if cond.attr in DTYPE_ATTRIBUTES and (chain is None or isinstance(cond.value, A.CAttr)):
+            return  # a dtype's data (fxrules.engine.conditions: false for a value that is not a dtype)
         if isinstance(cond.value, A.CCapture) and cond.attr not in CAPTURE_ATTRIBUTES:
             self.reporter.error(cond.span, "unknown-attribute", f"a capture has no attribute `{cond.attr}`",
                                 notes=[f"captures expose: {', '.join(sorted(CAPTURE_ATTRIBUTES))}"])
