@@ -567,6 +567,40 @@ def _describe(t: torch.Tensor) -> str:
 # ---------------------------------------------------------------------------
 
 @contextlib.contextmanager
+def draws_independent_of_loaded_modules():
+    """Hypothesis' draws made from the seed and the test's outcomes alone, not from which modules this
+    process happens to have imported.
+
+    Hypothesis (6.13x and later) mixes into its draws, with a small probability, literals it harvests
+    from every *local* module in ``sys.modules`` (an editable install of fxrules counts, and so do the
+    user's own modules). Which modules are loaded differs between a ``-j N`` worker and the parent, the
+    command line and the Python API, and grows during a run as lazy imports happen: the same ``seed``
+    then drew different hosts (``-j 2`` and ``-j 1`` checked and discarded different host counts on 20
+    of 24 rules). Within this block the harvested pool is empty, so a fixed seed draws the same hosts in
+    any process; hypothesis' own pool of awkward values (its ``GLOBAL_CONSTANTS``) is still used.
+
+    This reaches into hypothesis' provider module (``_get_local_constants``, ``CONSTANTS_CACHE``): there
+    is no public switch. ``tests/verifier/test_parallel.py`` pins that the names exist and that a run is
+    the same with and without extra local modules loaded; a hypothesis without them harvests nothing,
+    and the block does nothing."""
+    from hypothesis.internal.conjecture import providers
+
+    harvest = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if harvest is None or cache is None:
+        yield
+        return
+    empty = providers.Constants()
+    cache.cache.clear()  # cached pools were built from the harvested constants
+    providers._get_local_constants = lambda: empty
+    try:
+        yield
+    finally:
+        providers._get_local_constants = harvest
+        cache.cache.clear()
+
+
+@contextlib.contextmanager
 def seeded(seed: int):
     """Every random state a model run may read (torch's CPU generator, Python's ``random``, numpy's
     global state), set from ``seed`` and restored afterwards: the original and the rewritten
@@ -1017,7 +1051,8 @@ def _check_hosts(rule: CheckedRule, rule_set: RuleSet, single: RuleSet, options:
     from hypothesis.reporting import with_reporter
 
     try:
-        with with_reporter(lambda *_: None):  # the verdict tells what matters; hypothesis' own printout is noise
+        # the verdict tells what matters; hypothesis' own printout is noise
+        with with_reporter(lambda *_: None), draws_independent_of_loaded_modules():
             wrapped()
     except _Broken as exc:
         notes = [n for n in getattr(exc, "__notes__", []) if "reproduce_failure" in n]

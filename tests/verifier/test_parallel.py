@@ -28,18 +28,55 @@ def _summary(report) -> list:
     return [(v.rule, v.source, v.contract, str(v.grade), v.counterexample is None) for v in report.verdicts]
 
 
+def _counts(report) -> list:
+    return [(v.rule, v.hosts_checked, v.hosts_discarded, v.hosts_discarded_by) for v in report.verdicts]
+
+
 def test_jobs_gives_the_verdicts_of_one_process_in_rule_order():
-    """Grades, rules and their order agree with one process for a fixed seed. (Counts of discarded hosts may
-    not: see docs/verify.md, "In parallel".)"""
+    """Grades, rules, their order and the host counts agree with one process for a fixed seed."""
     options = dict(names=NAMES, max_examples=6, seed=5, database=None)
     serial = verify(CLEANUP, **options)
     seen = []
     parallel_report = verify(CLEANUP, jobs=2, progress=lambda done, total, name: seen.append((done, total, name)),
                              **options)
     assert _summary(parallel_report) == _summary(serial)
+    assert _counts(parallel_report) == _counts(serial)
     assert [v.rule for v in parallel_report.verdicts] == NAMES
     assert seen[-1] == (3, 3, None) and sorted(s[2] for s in seen[:-1]) == sorted(NAMES)
     assert [s[0] for s in seen[:-1]] == [1, 2, 3]
+
+
+LITERALS = "\n".join(f"VALUE_{i} = ({i * 7919 % 1000}, {i / 7.0!r}, {-(i * 104729 % 4096)})" for i in range(300))
+
+
+def test_draws_do_not_depend_on_the_modules_a_process_has_loaded(tmp_path, monkeypatch):
+    """Hypothesis harvests literals from every local module loaded and mixes them into its draws; a worker
+    process, the command line and the Python API load different modules. A fixed seed must draw the same
+    hosts however many local modules (with however many literals) are loaded."""
+    options = dict(names=["mul_one"], max_examples=20, seed=3, database=None)
+    before = _counts(verify(CLEANUP, **options))
+    (tmp_path / "many_literals_for_fxrules.py").write_text(LITERALS + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "many_literals_for_fxrules", raising=False)
+    __import__("many_literals_for_fxrules")
+    after = _counts(verify(CLEANUP, **options))
+    assert after == before
+
+
+def test_hypothesis_still_has_the_harvest_that_verify_empties():
+    """``draws_independent_of_loaded_modules`` replaces hypothesis' private harvest function; if an upgrade
+    renames it, this fails instead of the seed silently depending on the loaded modules again."""
+    from hypothesis.internal.conjecture import providers
+
+    from fxrules.verifier.driver import draws_independent_of_loaded_modules
+
+    harvest = providers._get_local_constants
+    assert callable(harvest) and hasattr(providers.CONSTANTS_CACHE, "cache")
+    with draws_independent_of_loaded_modules():
+        assert providers._get_local_constants is not harvest
+        pool = providers._get_local_constants()
+        assert not any(pool.set_for_type(kind) for kind in ("integer", "float", "bytes", "string"))
+    assert providers._get_local_constants is harvest
 
 
 def test_jobs_must_be_positive():
