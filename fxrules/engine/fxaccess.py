@@ -648,6 +648,24 @@ def function_is_impure(target: Any, args: tuple, kwargs: dict) -> bool:
     return _torch_is_impure(target, args=args, kwargs=kwargs, impure_random=False)
 
 
+def function_is_impure_besides_writes(target: Any, args: tuple, kwargs: dict) -> bool:
+    """torch's answer (:func:`function_is_impure`) less the writes an operator's schema declares.
+
+    torch calls every operator with a mutable schema impure (``aten.detach_``, ``aten.relu_``,
+    ``aten.copy_``, ``aten.add.out``): for that alone, since the schema's ``Tensor(a!)`` arguments are
+    what it writes. The planner accounts for those writes argument by argument (an in-place call whose
+    only effect is writing a private temporary may be removed with a match); what is left is whether
+    torch lists the operator among its side-effectful functions or registers an effect for it
+    (``aten._print``, ``aten._assert_async``, ``inductor.accumulate_grad_``). Any other target: as
+    :func:`function_is_impure`."""
+    if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+        from torch._higher_order_ops.effects import _get_effect
+        from torch.fx.node import _side_effectful_functions
+
+        return target in _side_effectful_functions or _get_effect(target) is not None
+    return function_is_impure(target, args, kwargs)
+
+
 def boolean_dispatched(target: Any) -> tuple:
     """The two functions a ``torch.nn.functional`` wrapper made by ``boolean_dispatch`` (``F.max_pool2d``,
     ``F.adaptive_max_pool1d``, ...) dispatches to on a flag (``return_indices``), or ``()`` for any other

@@ -10,8 +10,9 @@ message the report shows, the nodes concerned) when, checked in this order:
   ``drops-side-effect``): see :meth:`Effects.declared_effect`; torch's own
   ``Node.is_impure`` misses in-place method calls such as ``buf.add_(1)`` and ``print`` in
   symbolic_trace graphs, so this module has its own test; an in-place call that only writes a
-  fresh temporary it alone reads (``F.relu6(x + 3, inplace=True)``) is not refused for that
-  (:func:`writes_only_match_temporaries`);
+  fresh temporary it alone reads (``F.relu6(x + 3, inplace=True)``; the in-place detach of the copy
+  torch.export reads a lifted constant through, ``aten.detach_(aten.lift_fresh_copy(c))``) is not
+  refused for that (:func:`writes_only_match_temporaries`);
 * under ``[exact]``/``[approx]``, the rewrite removes, leaves unused or adds a call that draws
   random numbers (``changes-random-draws``);
 * the replacement uses a node the rewrite removes (``uses-replaced-node``), writes in place a
@@ -708,8 +709,8 @@ def _function_effect(target: Any, node: fx.Node) -> Optional[str]:
     if target in _EFFECTFUL_FUNCTIONS:
         return f"calls {getattr(target, '__name__', target)}, which has a side effect"
     try:
-        if fxaccess.function_is_impure(target, node.args, node.kwargs):
-            return "has a side effect"
+        if fxaccess.function_is_impure_besides_writes(target, node.args, node.kwargs):
+            return "has a side effect"  # the writes its schema declares are declared_writes' (asked first)
     except Exception:
         pass
     if not aliasing.function_is_known(target):

@@ -413,6 +413,9 @@ def default_catalogue() -> Catalogue:
     cat.add_function(aten.clone.default, Param("self", "tensor"))
     cat.add_function(aten.alias.default, Param("self", "tensor"))
     cat.add_function(aten.detach.default, Param("self", "tensor"))
+    # what torch.export reads a constant written in forward as: detach_(lift_fresh_copy(c))
+    cat.add_function(aten.lift_fresh_copy.default, Param("self", "tensor"))
+    cat.add_function(aten.detach_.default, Param("self", "tensor"))
     cat.add_function(torch.cat, Param("tensors", "tensor_list", of=None), Param("dim", "dim", of="tensors",
                                                                                   optional=True), min_rank=1)
 
