@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import torch
 from torch import fx, nn
+from torch._library.utils import _RANDOM_FUNCTIONS as _TORCH_RANDOM_FUNCTIONS
 from torch._library.utils import is_impure as _torch_is_impure
 from torch._subclasses.fake_tensor import FakeCopyMode as _FakeCopyMode
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
@@ -644,7 +645,15 @@ def is_fake_tensor(value: Any) -> bool:
 
 def function_is_impure(target: Any, args: tuple, kwargs: dict) -> bool:
     """torch's own answer to whether calling ``target`` on these arguments has a side effect
-    (random number generation does not count)."""
+    (random number generation does not count: drawing is the planner's ``changes-random-draws``).
+    torch calls its Python-level random functions (``torch.rand``, ``torch.randperm``, ...) impure
+    whatever ``impure_random`` says; they are taken as their aten operators are, which it calls pure
+    with ``impure_random=False``."""
+    try:
+        if target in _TORCH_RANDOM_FUNCTIONS:
+            return False
+    except TypeError:  # an unhashable target
+        pass
     return _torch_is_impure(target, args=args, kwargs=kwargs, impure_random=False)
 
 
