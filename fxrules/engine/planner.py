@@ -931,9 +931,13 @@ def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Option
                 return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
                                f"%{node.name} draws random numbers from %{read_root.name}, which the rewrite replaces; "
                                f"under [{contract}] what it draws could change", (node.name, read_root.name))
-    # the inputs the rewrite leaves unused are found only when some node of the graph draws (most graphs: none)
-    unused = _left_unused(match, effects, inputs, kept.nodes if kept is not None else ()) \
-        if effects.random_nodes(match.roots[0].graph) else ()
+    # the inputs the rewrite leaves unused are found only when some node of the graph draws (most graphs: none);
+    # the matched nodes it keeps (read by name, computed again) keep their inputs used
+    unused = ()
+    if effects.random_nodes(match.roots[0].graph):
+        if kept is None:
+            kept = kept_nodes(match)
+        unused = _left_unused(match, effects, inputs, kept.nodes)
     for node in unused:
         if effects.draws_random(node):
             return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,

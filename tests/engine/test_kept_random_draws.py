@@ -259,3 +259,23 @@ rule perm_dropped [exact]:
     -> $x
 """))
     assert codes(removed) == [RefusalCode.CHANGES_RANDOM_DRAWS]
+
+
+def test_a_draw_read_by_a_kept_node_is_not_left_unused():
+    """The dropout is captured (not matched) and read by the matched neg the replacement keeps by name:
+    it keeps its user, so it is not "left unused" (this was refused before kept nodes were predicted)."""
+
+    class NegOfDropout(nn.Module):
+        def forward(self, x):
+            return torch.neg(F.dropout(x, 0.5, True)) * 1
+
+    model = NegOfDropout()
+    result = fxrules.apply_rules(model, rules("""
+rule named_neg [exact]:
+    call_function operator.mul(call_function torch.neg($z) as n, 1)
+    -> n
+"""))
+    assert result.counts == {"named_neg": 1} and codes(result) == []
+    x = torch.randn(3, 8)
+    (want, after_want), (got, after_got) = _seeded(model, (x,)), _seeded(result.module, (x,))
+    assert torch.equal(got, want) and torch.equal(after_got, after_want)
