@@ -25,20 +25,7 @@ from fxrules.engine.refusals import RefusalCode
 
 aten = torch.ops.aten
 
-RANDPERM = """
-rule aten_randperm_index "x[randperm(n)[:k]] indexes in bounds: no check needed" [exact]:
-    call_function aten.index.Tensor(
-        $x, [call_function aten.slice.Tensor(call_function aten.randperm.default($n, ...), 0, 0, $k) as idx])
-    where $n == $x.shape[0]
-    -> call_function aten._unsafe_index.Tensor($x, [idx])
-
-rule aten_randperm_index_add "index_add at randperm(n)[:k] writes each row once: a gather, an add, a scatter" [exact]:
-    call_function aten.index_add.default(
-        $x, 0, call_function aten.slice.Tensor(call_function aten.randperm.default($n, ...), 0, 0, $k) as idx, $y)
-    where $n == $x.shape[0]
-    -> call_function aten._unsafe_index_put.default(
-        $x, [idx], call_function aten.add.Tensor(call_function aten._unsafe_index.Tensor($x, [idx]), $y), False)
-"""
+RANDPERM = fxrules.load_rules(fxrules.LIBRARY / "aten" / "randperm.fxr")  # inductor's two patterns
 
 
 def rules(text: str) -> fxrules.RuleSet:
@@ -94,7 +81,7 @@ def recorded(monkeypatch):
 def test_inductors_randperm_patterns_keep_their_draw(model, inputs, name, recorded):
     program = torch.export.export(model, inputs)
     original = program.module()
-    result = fxrules.apply_rules(program, rules(RANDPERM))
+    result = fxrules.apply_rules(program, RANDPERM)
     assert result.counts == {name: 1} and codes(result) == []
     assert _random_targets(result.module) == _random_targets(original) == ["randperm"]  # the same node
     targets = {n.target for n in result.module.graph.nodes}
@@ -106,6 +93,23 @@ def test_inductors_randperm_patterns_keep_their_draw(model, inputs, name, record
     matched, kept = recorded[0]
     left = {n.name for n in result.module.graph.nodes}
     assert kept == {"randperm", "slice_1"} and kept <= left and not (matched - kept) & left
+
+
+class RandpermIndexAddReturned(nn.Module):
+    """Inductor's pattern returns the index too; here the slice is read outside the match."""
+
+    def forward(self, x, y):
+        idx = torch.randperm(x.shape[0], device=x.device)[: y.shape[0]]
+        return torch.index_add(x, dim=0, source=y, index=idx), idx
+
+
+def test_a_randperm_index_read_elsewhere_is_left_alone():
+    inputs = (torch.randn(6, 8), torch.randn(3, 8))
+    program = torch.export.export(RandpermIndexAddReturned(), inputs)
+    result = fxrules.apply_rules(program, RANDPERM)
+    assert result.counts == {} and codes(result) == [RefusalCode.INTERIOR_USED_OUTSIDE]
+    (want, after_want), (got, after_got) = _seeded(program.module(), inputs), _seeded(result.module, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and torch.equal(after_got, after_want)
 
 
 # ---------------------------------------------------------------------------
