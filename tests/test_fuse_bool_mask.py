@@ -222,19 +222,50 @@ def test_a_buffer_fill_the_graph_writes_is_not_read():
     assert len(_sdpa_nodes(control.module)) == 1  # the same buffer, not written: fused
 
 
-def test_a_constant_export_lifts_is_left_alone():
-    """`torch.tensor(-inf)` written in forward is lifted by export and read as
-    `detach_(lift_fresh_copy(c))`; torch marks aten.detach_ impure and the engine does not remove it with a
-    match (attention_bool_mask.fxr, aten_where): nothing fuses, and the outputs are kept."""
+def test_a_constant_export_lifts_is_read_through_its_copy():
+    """`torch.tensor(-inf)` (or finfo.min) written in forward is lifted by export and read as
+    `detach_(lift_fresh_copy(c))`: a fresh copy detached in place that nothing else reads, so the write
+    is unobservable and the copy is matched through to the constant (attention_bool_mask.fxr, `lifted`).
+    The masked_fill and the where spellings fuse, the copy and the detach go with the match."""
 
-    class Model(nn.Module):
+    class MaskedFill(nn.Module):
         def forward(self, q, k, v, drop):
             w = (torch.matmul(q, k.transpose(-1, -2)) / 8.0).masked_fill(drop, torch.tensor(float("-inf")))
             return torch.matmul(F.softmax(w, dim=-1), v)
 
+    class Where(nn.Module):
+        def forward(self, q, k, v, keep):
+            w = torch.where(keep, torch.matmul(q, k.transpose(-1, -2)) / 8.0, torch.tensor(MIN32))
+            return torch.matmul(F.softmax(w, dim=-1), v)
+
+    for model, inputs, rule in ((MaskedFill(), _inputs(MaskedFillDivScale()), "aten_sdpa_masked_fill_div_scale"),
+                                (Where(), _inputs(WhereMulScale()), "aten_sdpa_where_div_scale")):
+        program = torch.export.export(model, inputs)
+        lifted = [n.target for n in program.module().graph.nodes if n.op == "call_function"]
+        assert torch.ops.aten.lift_fresh_copy.default in lifted and torch.ops.aten.detach_.default in lifted
+        result, reference, got = _exported(model, inputs)
+        assert result.counts == {rule: 1}, result.counts
+        assert len(_sdpa_nodes(result.module)) == 1
+        left = {n.target for n in result.module.graph.nodes if n.op == "call_function"}
+        assert not left & {torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.detach_.default}
+        assert_close(got, reference)
+
+
+def test_a_lifted_constant_read_elsewhere_too_is_left_alone():
+    """The lifted fill is also added to the output: its detached copy has a reader outside the match, so
+    nothing fuses (interior-used-outside), and the outputs are kept bit for bit."""
+
+    class Model(nn.Module):
+        def forward(self, q, k, v, drop):
+            fill = torch.tensor(float("-inf"))
+            w = (torch.matmul(q, k.transpose(-1, -2)) / 8.0).masked_fill(drop, fill)
+            return torch.matmul(F.softmax(w, dim=-1), v), fill * 2
+
     result, reference, got = _exported(Model(), _inputs(MaskedFillDivScale()))
     assert not _sdpa_nodes(result.module), result.counts
-    assert_close(got, reference, rtol=0, atol=0)
+    assert "interior-used-outside" in [r.code for r in result.report.rejected]
+    for a, b in zip(got, reference):
+        assert_close(a, b, rtol=0, atol=0)
 
 
 # ------------------------------------------------- inductor's wrong fusions, for each new rule family

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
 import torch
 from torch import fx, nn
+from torch._library.utils import _RANDOM_FUNCTIONS as _TORCH_RANDOM_FUNCTIONS
 from torch._library.utils import is_impure as _torch_is_impure
 from torch._subclasses.fake_tensor import FakeCopyMode as _FakeCopyMode
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
@@ -644,8 +645,34 @@ def is_fake_tensor(value: Any) -> bool:
 
 def function_is_impure(target: Any, args: tuple, kwargs: dict) -> bool:
     """torch's own answer to whether calling ``target`` on these arguments has a side effect
-    (random number generation does not count)."""
+    (random number generation does not count: drawing is the planner's ``changes-random-draws``).
+    torch calls its Python-level random functions (``torch.rand``, ``torch.randperm``, ...) impure
+    whatever ``impure_random`` says; they are taken as their aten operators are, which it calls pure
+    with ``impure_random=False``."""
+    try:
+        if target in _TORCH_RANDOM_FUNCTIONS:
+            return False
+    except TypeError:  # an unhashable target
+        pass
     return _torch_is_impure(target, args=args, kwargs=kwargs, impure_random=False)
+
+
+def function_is_impure_besides_writes(target: Any, args: tuple, kwargs: dict) -> bool:
+    """torch's answer (:func:`function_is_impure`) less the writes an operator's schema declares.
+
+    torch calls every operator with a mutable schema impure (``aten.detach_``, ``aten.relu_``,
+    ``aten.copy_``, ``aten.add.out``): for that alone, since the schema's ``Tensor(a!)`` arguments are
+    what it writes. The planner accounts for those writes argument by argument (an in-place call whose
+    only effect is writing a private temporary may be removed with a match); what is left is whether
+    torch lists the operator among its side-effectful functions or registers an effect for it
+    (``aten._print``, ``aten._assert_async``, ``inductor.accumulate_grad_``). Any other target: as
+    :func:`function_is_impure`."""
+    if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+        from torch._higher_order_ops.effects import _get_effect
+        from torch.fx.node import _side_effectful_functions
+
+        return target in _side_effectful_functions or _get_effect(target) is not None
+    return function_is_impure(target, args, kwargs)
 
 
 def boolean_dispatched(target: Any) -> tuple:

@@ -10,10 +10,12 @@ message the report shows, the nodes concerned) when, checked in this order:
   ``drops-side-effect``): see :meth:`Effects.declared_effect`; torch's own
   ``Node.is_impure`` misses in-place method calls such as ``buf.add_(1)`` and ``print`` in
   symbolic_trace graphs, so this module has its own test; an in-place call that only writes a
-  fresh temporary it alone reads (``F.relu6(x + 3, inplace=True)``) is not refused for that
-  (:func:`writes_only_match_temporaries`);
+  fresh temporary it alone reads (``F.relu6(x + 3, inplace=True)``; the in-place detach of the copy
+  torch.export reads a lifted constant through, ``aten.detach_(aten.lift_fresh_copy(c))``) is not
+  refused for that (:func:`writes_only_match_temporaries`);
 * under ``[exact]``/``[approx]``, the rewrite removes, leaves unused or adds a call that draws
-  random numbers (``changes-random-draws``);
+  random numbers (``changes-random-draws``; a matched drawing node the replacement keeps as it is,
+  :func:`kept_nodes`, is neither);
 * the replacement uses a node the rewrite removes (``uses-replaced-node``), writes in place a
   value that exists outside it (``replacement-writes-input``), replaces a node by a literal
   (``replaces-with-literal``), or replaces a node that is later modified in place (itself
@@ -40,12 +42,13 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 from torch import fx
+from torch.fx.immutable_collections import immutable_dict, immutable_list
 
 from fxrules.engine import aliasing, fxaccess, inspection
 from fxrules.engine.aliasing import Aliasing
 from fxrules.engine.matcher import Match, class_defined_names, computes_as, overridden_on_instance
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
-                                    RLiteral, RNewModule, RReuse, RSeq, RValue)
+                                    RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat, RValue)
 from fxrules.engine.refusals import Refusal, RefusalCode
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -708,8 +711,8 @@ def _function_effect(target: Any, node: fx.Node) -> Optional[str]:
     if target in _EFFECTFUL_FUNCTIONS:
         return f"calls {getattr(target, '__name__', target)}, which has a side effect"
     try:
-        if fxaccess.function_is_impure(target, node.args, node.kwargs):
-            return "has a side effect"
+        if fxaccess.function_is_impure_besides_writes(target, node.args, node.kwargs):
+            return "has a side effect"  # the writes its schema declares are declared_writes' (asked first)
     except Exception:
         pass
     if not aliasing.function_is_known(target):
@@ -899,32 +902,204 @@ the next training step)."""
 
 
 def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Optional[Refusal]:
-    """Under ``[exact]``/``[approx]``: a matched node that draws random numbers (the rewrite removes
-    it), an input that draws them and that the rewrite would leave unused (and so remove), or a
-    replacement call that draws them. Always refused, whatever comes after it in the graph:
-    the random state after the forward pass is observable too."""
+    """Under ``[exact]``/``[approx]``: a matched node that draws random numbers and that the rewrite
+    removes, an input that draws them and that the rewrite would leave unused (and so remove), or a
+    replacement call that draws them and is not a matched node kept as it is. Always refused,
+    whatever comes after it in the graph: the random state after the forward pass is observable too.
+
+    A matched node the rewrite keeps (:func:`kept_nodes`: the replacement reads it, by its ``as`` name or
+    through a call it computes again, ``relu(relu($x)) -> relu($x)``-style) stays where it is, the same
+    node with the same arguments: it draws what it drew, at the same point of the stream, and the other
+    draws of the graph keep their order around it. A rewrite that keeps every drawing node it matched
+    and adds none leaves every draw as it was (inductor's ``randperm`` index patterns: the permutation
+    is matched, to know the index is in bounds, and kept). One that reads a root is refused: the root is
+    replaced, so what it draws from (``bernoulli(p)``'s ``p``) could change."""
     contract = match.rule.contract
     if contract not in RANDOM_CONTRACTS:
         return None
+    kept = None
     for node in match.bindings.nodes:
         if effects.draws_random(node):
-            return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
-                           f"%{node.name} draws random numbers; under [{contract}] a rewrite may not remove it (every "
-                           f"later random draw would change)", (node.name,))
-    # the inputs the rewrite leaves unused are found only when some node of the graph draws (most graphs: none)
-    unused = _left_unused(match, effects, inputs) if effects.random_nodes(match.roots[0].graph) else ()
+            if kept is None:
+                kept = kept_nodes(match)
+            if node not in kept.nodes:
+                return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
+                               f"%{node.name} draws random numbers; under [{contract}] a rewrite may not remove it "
+                               f"(every later random draw would change)", (node.name,))
+            read_root = next((n for n in node.all_input_nodes if n in match.roots), None)
+            if read_root is not None:
+                return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
+                               f"%{node.name} draws random numbers from %{read_root.name}, which the rewrite replaces; "
+                               f"under [{contract}] what it draws could change", (node.name, read_root.name))
+    # the inputs the rewrite leaves unused are found only when some node of the graph draws (most graphs: none);
+    # the matched nodes it keeps (read by name, computed again) keep their inputs used
+    unused = ()
+    if effects.random_nodes(match.roots[0].graph):
+        if kept is None:
+            kept = kept_nodes(match)
+        unused = _left_unused(match, effects, inputs, kept.nodes)
     for node in unused:
         if effects.draws_random(node):
             return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
                            f"%{node.name} draws random numbers and the rewrite would leave it unused; under "
                            f"[{contract}] it may not be removed (every later random draw would change)", (node.name,))
+    claimed: set = set()
     for call in effects.drawing_calls(match.program):
         if _template_draws_random(call, match, effects):
+            if kept is None:
+                kept = kept_nodes(match)
+            node = kept.calls.get(id(call))
+            if node is not None and node not in claimed:
+                claimed.add(node)
+                continue  # a matched node kept as it is: no new draw
+            # a new node, or a second call the rule writes of a node kept once: the rule says it draws again
             root = match.roots[call.root_index]
             return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
                            f"the replacement of %{root.name} calls {call.label}, which draws random numbers; under "
                            f"[{contract}] a rewrite may not add a random draw", (root.name,))
     return None
+
+
+class Kept(NamedTuple):
+    """What of a match its rewrite keeps: ``nodes``, the matched nodes (never a root) still in the graph
+    afterwards; ``calls``, the ``id`` of each replacement call that is one of them computed again, with
+    that node (two calls may be one node: ``d($x) + d($x)`` keeps ``d`` once)."""
+
+    nodes: frozenset
+    calls: dict
+
+
+def kept_nodes(match: Match) -> Kept:
+    """The matched nodes (not roots) a rewrite of ``match`` keeps, decided before the graph is edited:
+
+    - the nodes the replacement reads by their ``as`` names (or as captures: a matched node a
+      further root's capture binds);
+    - the nodes a replacement call computes again (:func:`matched_equal`: the same op, target and
+      arguments), which the transaction keeps rather than build anew; the replacement's arguments are
+      resolved here as the transaction resolves them (captures, names, literals, sequences, shared
+      nodes, nested calls: one kept or a new node), except computed values (``{...}``), which are
+      taken for unknown (a call with one is never predicted kept; the transaction may keep it: then
+      less is predicted kept than is, and a check relying on this refuses more, never less);
+    - the matched nodes those read, transitively (a kept node's inputs keep a user).
+
+    Every other matched node is left without users and erased."""
+    env = match.bindings
+    roots = match.roots
+    shared: dict = {}
+    kept_calls: dict = {}
+    found: dict = {}
+
+    def values(items: tuple) -> list:
+        out: list = []
+        for item in items:
+            if type(item) is RSplat:
+                out.extend(env.captures[item.name])
+                _collect_nodes(env.captures[item.name], found)
+            else:
+                out.append(value(item))
+        return out
+
+    def value(item: Any) -> Any:
+        kind = type(item)
+        if kind is RValue:
+            found_value = (env.captures if item.is_capture else env.names)[item.name]
+            _collect_nodes(found_value, found)  # only matched nodes count (below)
+            return found_value
+        if kind is RCall:
+            return call(item)
+        if kind is RLiteral:
+            return item.value
+        if kind is RSeq:
+            return item.kind(values(item.items))
+        if kind is RComputed:
+            return object()  # its value is computed when the rule is applied: unknown here
+        if kind is RShared:
+            result = shared[item.name] = value(item.inner)
+            return result
+        if kind is RRef:
+            return shared[item.name]
+        raise AssertionError(item)  # pragma: no cover
+
+    def call(item: RCall) -> Any:
+        root = roots[item.root_index]
+        if item.args is None:
+            args, kwargs = tuple(root.args), dict(root.kwargs)
+        else:
+            args = tuple(values(item.args))
+            kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
+            if item.rest and env.rest is not None:
+                args = args + tuple(env.rest[0])
+                kwargs.update(env.rest[1])
+        _collect_nodes(args, found)  # what the call reads stays (forwarded root arguments included)
+        _collect_nodes(kwargs, found)
+        if item.op == "call_module":
+            if type(item.target) is not RReuse:
+                return object()  # a module the rule makes: always a new node
+            target = env.names[item.target.name].target
+        else:
+            target = item.target
+        node = matched_equal(match, item.op, target, args, kwargs)
+        if node is None:
+            return object()  # a new node
+        kept_calls[id(item)] = node
+        found[node] = None
+        return node
+
+    for replacement in match.program.replacements:
+        value(replacement)
+    matched = env.nodes
+    kept: set = set()
+    stack = [n for n in found if n in matched and n not in roots]
+    while stack:
+        node = stack.pop()
+        if node in kept:
+            continue
+        kept.add(node)
+        stack.extend(n for n in node.all_input_nodes if n in matched and n not in roots)
+    return Kept(frozenset(kept), kept_calls)
+
+
+def matched_equal(match: Match, op: str, target: Any, args: tuple, kwargs: dict) -> Optional[fx.Node]:
+    """A matched node, not a root, that computes exactly this call (same op, target and arguments:
+    :func:`identical_arguments`), the first in match order; None when none does. The replacement keeps
+    such a node rather than build a copy of it (the transaction, and :func:`kept_nodes` before it)."""
+    roots = match.roots
+    for node in match.bindings.nodes:
+        if node.op != op or node in roots:
+            continue
+        if not (node.target is target or (type(target) is str and node.target == target)):
+            continue
+        if identical_arguments(node.args, args) and identical_arguments(node.kwargs, kwargs):
+            return node
+    return None
+
+
+_SAME_KIND = {immutable_list: list, immutable_dict: dict}
+"""Argument containers a new node stores as another type (a list as torch's immutable_list, a dict
+as immutable_dict): equal kinds for :func:`identical_arguments`."""
+
+
+def identical_arguments(a: Any, b: Any) -> bool:
+    """Whether two node arguments are the same: the same nodes, and constants of the same type
+    that are equal (floats: written the same, so ``-0.0`` is not ``0.0``) in containers of the
+    same kind."""
+    if a is b:  # the same object (a node, mostly) is the same argument
+        return True
+    if isinstance(a, fx.Node) or isinstance(b, fx.Node):
+        return False
+    kind = _SAME_KIND.get(type(a), type(a))
+    if kind is not _SAME_KIND.get(type(b), type(b)):
+        return False
+    if kind is tuple or kind is list:
+        return len(a) == len(b) and all(x is y or identical_arguments(x, y) for x, y in zip(a, b))
+    if kind is dict:
+        return list(a) == list(b) and all(a[k] is b[k] or identical_arguments(a[k], b[k]) for k in a)
+    if kind is float or kind is complex:
+        return repr(a) == repr(b)
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def uses_replaced_node(match: Match, inputs: list) -> Optional[Refusal]:
@@ -1346,13 +1521,13 @@ def _is_copy(node: fx.Node) -> bool:
         return False
 
 
-def _left_unused(match: Match, effects: Effects, inputs: list) -> list:
+def _left_unused(match: Match, effects: Effects, inputs: list, kept: Any = ()) -> list:
     """The nodes outside the match that the rewrite would leave without users, and so erase: inputs of
     matched nodes (and their inputs) that the replacement does not read, used only by nodes that
-    go, and pure."""
+    go (matched nodes but those in ``kept``, :func:`kept_nodes`), and pure."""
     matched = set(match.bindings.nodes) | set(match.bindings.attrs)
     keep = set(inputs)
-    gone = set(matched)
+    gone = matched.difference(kept)
     found = []
     stack = [i for n in matched for i in n.all_input_nodes if i not in matched]
     while stack:

@@ -30,9 +30,8 @@ from typing import Any, Optional
 
 import torch
 from torch import fx, nn
-from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-from fxrules.engine import fxaccess, guards
+from fxrules.engine import fxaccess, guards, planner
 from fxrules.engine.errors import ModelError
 from fxrules.engine.inspection import apply_settlement
 from fxrules.engine.matcher import Match
@@ -729,24 +728,17 @@ class _ReplacementWriter:
         return node
 
     def matched_equal(self, op: str, target: Any, args: tuple, kwargs: dict) -> Optional[fx.Node]:
-        """A matched node, not a root, that computes exactly this call (same op, target and
-        arguments): the replacement keeps it rather than build a copy of it (``relu(relu($x)) ->
-        relu($x)`` keeps the inner relu; ``F.gelu(l($x))`` keeps both nodes it matched). The node
-        is pure (the planner refuses matches with effects), every user it has is in the match
-        (or the planner refuses it), and it already sits before the insertion point, with its
-        own name; reading its inputs where it always did, it also cannot move a read across a
-        mutation. It takes the metadata a new node would take (:meth:`inherit_meta`). Roots are never kept: a rule whose replacement
-        equals its root rewrites forever, and is reported so. Modules the replacement makes
-        are never matched nodes' modules."""
-        roots = self.match.roots
-        for node in self.env.nodes:
-            if node.op != op or node in roots:
-                continue
-            if not (node.target is target or (type(target) is str and node.target == target)):
-                continue
-            if _identical(node.args, args) and _identical(node.kwargs, kwargs):
-                return node
-        return None
+        """A matched node, not a root, that computes exactly this call (:func:`planner.matched_equal`,
+        which :func:`planner.kept_nodes` asks with the same arguments before the graph is edited): the
+        replacement keeps it rather than build a copy of it (``relu(relu($x)) -> relu($x)`` keeps the
+        inner relu; ``F.gelu(l($x))`` keeps both nodes it matched). Every user it has is in the match
+        (or the planner refuses it), and it already sits before the insertion point, with its own name;
+        reading its inputs where it always did, it also cannot move a read across a mutation, nor
+        change a random draw it makes (the planner lets a drawing node through only when it is kept).
+        It takes the metadata a new node would take (:meth:`inherit_meta`). Roots are never kept: a
+        rule whose replacement equals its root rewrites forever, and is reported so. Modules the
+        replacement makes are never matched nodes' modules."""
+        return planner.matched_equal(self.match, op, target, args, kwargs)
 
     def module_target(self, item: RCall, root: fx.Node) -> str:
         spec = item.target
@@ -883,34 +875,6 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
                 survivors.add(inp)
     # revisit what lost users: patterns rooted there may match now
     return {n for n in survivors if not fxaccess.erased(n)}
-
-
-_SAME_KIND = {immutable_list: list, immutable_dict: dict}
-"""Argument containers a new node stores as another type (a list as torch's immutable_list, a dict
-as immutable_dict): equal kinds for :func:`_identical`."""
-
-
-def _identical(a: Any, b: Any) -> bool:
-    """Whether two node arguments are the same: the same nodes, and constants of the same type
-    that are equal (floats: written the same, so ``-0.0`` is not ``0.0``) in containers of the
-    same kind."""
-    if a is b:  # the same object (a node, mostly) is the same argument
-        return True
-    if isinstance(a, fx.Node) or isinstance(b, fx.Node):
-        return False
-    kind = _SAME_KIND.get(type(a), type(a))
-    if kind is not _SAME_KIND.get(type(b), type(b)):
-        return False
-    if kind is tuple or kind is list:
-        return len(a) == len(b) and all(x is y or _identical(x, y) for x, y in zip(a, b))
-    if kind is dict:
-        return list(a) == list(b) and all(a[k] is b[k] or _identical(a[k], b[k]) for k in a)
-    if kind is float or kind is complex:
-        return repr(a) == repr(b)
-    try:
-        return bool(a == b)
-    except Exception:
-        return False
 
 
 def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:

@@ -29,7 +29,9 @@ recognises an attention pattern (:func:`attention_roles`) and draws its captures
   the scores, floating), keeping at least one key of every query (``MASK_KEEPS_A_KEY``: the domain of
   fxrules/library/fuse/attention_bool_mask.fxr), and **the fill** (``FILL_SPELLINGS``: the dtype's
   minimum, float32's, ``-inf``, or a near miss that leaves masked keys a weight: ``-1e4``, ``0``;
-  where the op takes a tensor, that value as a 0-d buffer, or a 0-d input a rule must refuse).
+  where the op takes a tensor, that value as a 0-d buffer or plain tensor attribute, read directly or,
+  where the pattern says so, through the fresh copy torch.export detaches in place,
+  ``detach_(lift_fresh_copy(c))``; or a 0-d input a rule must refuse).
 
 And, so that the conditions of attention rules are tested against the spellings inductor's SDPA
 fusions got wrong in 2026 (wrong outputs, silently):
@@ -75,6 +77,8 @@ _BMMS = frozenset({torch.bmm, "bmm", aten.bmm.default})
 _SOFTMAXES = frozenset({F.softmax, torch.softmax, "softmax", aten.softmax.int, aten._softmax.default})
 _SCALES = frozenset({operator.mul, torch.mul, "mul", operator.truediv, torch.div, "div", aten.mul.Tensor,
                      aten.div.Tensor, aten.mul.Scalar, aten.div.Scalar})
+_DETACHES_IN_PLACE = frozenset({aten.detach_.default})
+_LIFTED_COPIES = frozenset({aten.lift_fresh_copy.default})
 _ADDS = frozenset({operator.add, torch.add, "add", aten.add.Tensor})
 _WHERES = frozenset({torch.where, aten.where.self, aten.where.ScalarOther})  # where(keep, scores, fill)
 _MASKED_FILLS = frozenset({"masked_fill", torch.masked_fill, aten.masked_fill.Scalar,
@@ -103,8 +107,9 @@ MASK_KEEPS_A_KEY = True
 least one key; a drawn bool mask keeps one in each row (a row masking every key is averaged by the
 written-out softmax with a finite fill, and is 0 in SDPA)."""
 FILL_SPELLINGS = ("finfo.min", "finfo.min", "float32 min", "-inf", "-1e4", "0.0")
-FILL_TENSOR_SOURCES = ("buffer", "buffer", "input")
-"""Where a fill the op takes as a tensor comes from: a 0-d buffer (a constant), or an input (not one)."""
+FILL_TENSOR_SOURCES = ("buffer", "buffer", "constant", "input")
+"""Where a fill the op takes as a tensor comes from: a 0-d buffer, a 0-d plain tensor attribute (as
+``torch.export``'s unlifted module keeps a constant it lifted out of forward), or an input (no constant)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +143,21 @@ def _options(p: Any) -> list:
     if isinstance(p, PAlt):
         return [q for option in p.options for q in _options(option)]
     return [p]
+
+
+def _through_lifted_copy(p: Any) -> Any:
+    """``p`` with an option ``detach_(lift_fresh_copy(X))`` (how torch.export reads a constant written in
+    forward) taken as ``X``: the fill is X either way. The host draws the option the pattern has
+    (the copy and its detach, or X alone) and X as the fill."""
+    options = []
+    for option in _options(p):
+        if isinstance(option, PCall) and _kind(option, _DETACHES_IN_PLACE) and len(_operands(option)) == 1:
+            inner = _options(_operands(option)[0])
+            if len(inner) == 1 and isinstance(inner[0], PCall) and _kind(inner[0], _LIFTED_COPIES) \
+                    and len(_operands(inner[0])) == 1:
+                option = _operands(inner[0])[0]
+        options.extend(o for o in _options(option) if o not in options)
+    return options[0] if len(options) == 1 else PAlt(tuple(options))
 
 
 def _operands(p: PCall) -> list:
@@ -213,11 +233,11 @@ class _Roles:
             elif _kind(option, _WHERES) and len(args) == 3:
                 self.assign("keep", args[0])
                 self.scores(args[1])
-                self.assign("fill", args[2])
+                self.assign("fill", _through_lifted_copy(args[2]))
             elif _kind(option, _MASKED_FILLS) and len(args) == 3:
                 self.scores(args[0])
                 self.assign("drop", args[1])
-                self.assign("fill", args[2])
+                self.assign("fill", _through_lifted_copy(args[2]))
             elif (_kind(option, _SCALES) or _kind(option, _ADDS)) and len(args) == 2:
                 inner, other = (args[0], args[1]) if self.has_product(args[0]) else (args[1], args[0])
                 self.scores(inner)
@@ -414,7 +434,10 @@ class AttentionHostWriter(HostGraphWriter):
         if source == "input":
             return self.new_input((), dtype=dtype)
         name = f"fill{len(self.lines)}"
-        self.root.register_buffer(name, tensor)
+        if source == "constant":
+            setattr(self.root, name, tensor)
+        else:
+            self.root.register_buffer(name, tensor)
         node = self.graph.get_attr(name)
         self.values[node] = getattr(self.root, name)
         return node

@@ -386,6 +386,13 @@ class HostGraphWriter:
             return draw(st.sampled_from([None, 0, 1, 2, -1, -2, 10]), label=param.name)
         if kind == "step":
             return draw(st.integers(1, 2), label=param.name)
+        if kind == "length":
+            return draw(st.integers(1, 5), label=param.name)
+        if kind in ("index", "index_list"):
+            node = self.index_input(of, ctx, param.name)
+            return [node] if kind == "index_list" else node
+        if kind == "index_source":
+            return self.index_source(of, ctx, param)
         if kind == "false":
             return False
         if kind == "end_dim":
@@ -433,6 +440,28 @@ class HostGraphWriter:
         if shape is None:
             return None
         return self.tensor(shape, param, positive=kind == "variance")
+
+    def index_input(self, of: Any, ctx: dict, label: str) -> fx.Node:
+        """An int64 input of distinct row indices into ``of`` along the ``dim`` drawn before it (0
+        without one): as ``x[i]`` and ``index_add`` take them, in bounds and unique."""
+        dim = ctx.get("dim", 0)
+        if not isinstance(of, torch.Tensor) or of.ndim == 0 or not isinstance(dim, int):
+            reject()
+        size = of.shape[dim]
+        rows = self.draw(st.permutations(range(size)), label=label)[:self.draw(st.integers(1, size), label="rows")]
+        node = self.new_input((len(rows),), dtype=torch.int64)
+        self.values[node].copy_(torch.tensor(rows, dtype=torch.int64))
+        return node
+
+    def index_source(self, of: Any, ctx: dict, param: Param) -> fx.Node:
+        """What ``index_add`` adds: ``self``'s shape with the indexed dim as long as the index ``of``."""
+        x, dim = self.value_of(ctx.get("self")), ctx.get("dim", 0)
+        if not isinstance(x, torch.Tensor) or not isinstance(of, torch.Tensor) or not isinstance(dim, int) \
+                or x.ndim == 0:
+            reject()
+        shape = list(x.shape)
+        shape[dim] = of.numel()
+        return self.tensor(tuple(shape), param)
 
     def partner_shape(self, shape: tuple, choice: str) -> tuple:
         """A shape that broadcasts with ``shape``: the same, a suffix, a scalar, or one that

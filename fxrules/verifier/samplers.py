@@ -53,6 +53,10 @@ Kinds (``of`` names the tensor parameter a kind depends on):
 ``variance``       a positive vector of ``of``'s channel count (running variances)
 ``addmm_mat1``     ``[m, k]`` fitting ``of`` (addmm's input, ``[n]`` or ``[m, n]``)
 ``addmm_mat2``     ``[k, n]`` fitting ``of`` (the ``mat1``) and addmm's input
+``length``         a small positive int, a length (``randperm``'s ``n``): 1 to 5, the sizes hosts draw
+``index``          an int64 input of distinct row indices into ``of`` along the ``dim`` drawn before it
+``index_list``     a list of one ``index`` (``aten.index.Tensor``'s indices)
+``index_source``   ``self``'s shape with the ``dim`` drawn before it as long as the index ``of`` (``index_add``)
 =================  ============================================================
 
 A tensor a kind draws is sometimes a model input and sometimes a parameter (trainable or
@@ -75,7 +79,8 @@ KINDS = frozenset({
     "tensor", "tensor_like", "number", "dim", "dim_or_none", "dims", "perm", "shape", "prob", "bool", "positive",
     "matmul_rhs", "tensor_list", "gelu_approx", "tensor_partner", "matrix_rhs", "bmm_rhs", "mask", "dtype",
     "index_or_none", "step", "false", "end_dim", "conv_weight", "conv_bias", "stride", "padding", "dilation",
-    "groups", "channels", "channels_or_none", "variance", "addmm_mat1", "addmm_mat2",
+    "groups", "channels", "channels_or_none", "variance", "addmm_mat1", "addmm_mat2", "length",
+    "index", "index_list", "index_source",
 })
 TENSOR_KINDS = frozenset({
     "tensor", "tensor_like", "tensor_partner", "matmul_rhs", "matrix_rhs", "bmm_rhs", "mask", "conv_weight",
@@ -413,6 +418,9 @@ def default_catalogue() -> Catalogue:
     cat.add_function(aten.clone.default, Param("self", "tensor"))
     cat.add_function(aten.alias.default, Param("self", "tensor"))
     cat.add_function(aten.detach.default, Param("self", "tensor"))
+    # what torch.export reads a constant written in forward as: detach_(lift_fresh_copy(c))
+    cat.add_function(aten.lift_fresh_copy.default, Param("self", "tensor"))
+    cat.add_function(aten.detach_.default, Param("self", "tensor"))
     cat.add_function(torch.cat, Param("tensors", "tensor_list", of=None), Param("dim", "dim", of="tensors",
                                                                                   optional=True), min_rank=1)
 
@@ -495,6 +503,13 @@ def default_catalogue() -> Catalogue:
     cat.add_function(aten.slice.Tensor, Param("self", "tensor"), Param("dim", "dim", of="self", optional=True),
                      Param("start", "index_or_none", optional=True), Param("end", "index_or_none", optional=True),
                      Param("step", "step", optional=True), min_rank=1, floating_only=False)
+
+    # inductor's randperm index patterns (post-grad, aten): a permutation, an index by it, an index_add at it
+    cat.add_function(aten.randperm.default, Param("n", "length"), floating_only=False)
+    cat.add_function(aten.index.Tensor, Param("self", "tensor"), Param("indices", "index_list", of="self"),
+                     min_rank=1, floating_only=False)
+    cat.add_function(aten.index_add.default, Param("self", "tensor"), Param("dim", "dim", of="self"),
+                     Param("index", "index", of="self"), Param("source", "index_source", of="index"), min_rank=1)
 
     # convolutions and batch norm as functions (aten graphs from torch.export, and F.convNd)
     for spatial, (aten_conv, f_conv) in enumerate(((aten.conv1d.default, F.conv1d), (aten.conv2d.default, F.conv2d),

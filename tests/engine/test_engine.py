@@ -1400,7 +1400,7 @@ def test_only_an_identical_call_keeps_a_matched_node(replacement, kept):
 def test_identical_arguments():
     from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-    from fxrules.engine.transaction import _identical
+    from fxrules.engine.planner import identical_arguments as _identical
 
     graph = fx.Graph()
     a, b = graph.placeholder("a"), graph.placeholder("b")

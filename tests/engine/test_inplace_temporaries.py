@@ -242,3 +242,146 @@ def test_which_values_are_private_temporaries():
     assert not planner.is_private_temporary(fresh, writers["fresh"], effects)
     graph.erase_node(extra)
     assert planner.is_private_temporary(fresh, writers["fresh"], effects)
+
+
+# ---------------------------------------------------------------------------
+# torch.export graphs: operators whose schema writes (aten.relu6_, aten.detach_)
+# ---------------------------------------------------------------------------
+#
+# torch calls every operator with a mutable schema impure, for its writes alone; the planner counts
+# those writes argument by argument, so an aten in-place call on a private temporary is removable as
+# the traced spellings above are. The case export makes everywhere: a tensor constant written in
+# forward (`torch.tensor(2.0)`) is lifted and read as `detach_(lift_fresh_copy(c))`, a fresh copy
+# detached in place that nothing else reads.
+
+aten = torch.ops.aten
+
+ATEN_HARDSWISH = """
+rule aten_hardswish [approx]:
+    call_function aten.div.Tensor(
+        call_function aten.mul.Tensor($x, call_function aten.relu6_.default(call_function aten.add.Tensor($x, 3))), 6)
+    -> call_function aten.hardswish.default($x)
+"""
+
+LIFTED = """
+rule read_lifted_constant "x * (a fresh copy of c, detached in place) is x * c" [exact]:
+    call_function aten.mul.Tensor(
+        $x, call_function aten.detach_.default(call_function aten.lift_fresh_copy.default($c)))
+    where is_constant($c)
+    -> call_function aten.mul.Tensor($x, $c)
+"""
+
+DETACH_IN_PLACE = """
+rule detach_out_of_place "x * t.detach_() is x * t.detach() where t is a temporary" [exact]:
+    call_function aten.mul.Tensor($x, call_function aten.detach_.default($t))
+    -> call_function aten.mul.Tensor($x, call_function aten.detach.default($t))
+"""
+
+RELU_IN_PLACE = """
+rule relu_out_of_place [exact]:
+    call_function aten.mul.Tensor($x, call_function aten.relu_.default($t))
+    -> call_function aten.mul.Tensor($x, call_function aten.relu.default($t))
+"""
+
+
+class TimesLiftedConstant(nn.Module):
+    def forward(self, x):
+        return x * torch.tensor(2.5)
+
+
+def _exported(model, *inputs):
+    return torch.export.export(model, inputs)
+
+
+def test_an_exported_in_place_operator_on_a_private_temporary_is_rewritten():
+    x = torch.randn(2, 8) * 4
+    program = _exported(HardSwish(), x)
+    assert aten.relu6_.default in targets(program.module())
+    expected = program.module()(x.clone())
+    result = fxrules.apply_rules(program, rules(ATEN_HARDSWISH))
+    assert result.counts == {"aten_hardswish": 1} and codes(result) == []
+    assert targets(result.module) == [aten.hardswish.default]
+    assert torch.allclose(result.module(x.clone()), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("text, name", [(LIFTED, "read_lifted_constant"), (DETACH_IN_PLACE, "detach_out_of_place")])
+def test_a_lifted_constant_is_read_through_its_fresh_copy(text, name):
+    x = torch.randn(3, 4)
+    program = _exported(TimesLiftedConstant(), x)
+    before = targets(program.module())
+    assert aten.lift_fresh_copy.default in before and aten.detach_.default in before
+    expected = program.module()(x)
+    result = fxrules.apply_rules(program, rules(text))
+    assert result.counts == {name: 1} and codes(result) == []
+    after = targets(result.module)
+    assert aten.detach_.default not in after
+    if name == "read_lifted_constant":
+        assert after == [aten.mul.Tensor]  # the copy is gone too: mul reads the constant itself
+    assert torch.equal(result.module(x), expected)
+
+
+class _Graph(fx.GraphModule):
+    """An exported-style graph built by hand: `c` a constant, `t` what `detach_` writes, and what else reads."""
+
+    def __init__(self, build):
+        root = nn.Module()
+        root.c = torch.tensor(2.5)
+        graph = fx.Graph()
+        x = graph.placeholder("x")
+        graph.output(build(graph, x, graph.get_attr("c")))
+        super().__init__(root, graph)
+
+
+def _copy_read_again(graph, x, c):
+    """The fresh copy has a second reader: it sees the copy after the detach (and may see its data)."""
+    copy = graph.call_function(aten.lift_fresh_copy.default, (c,))
+    product = graph.call_function(aten.mul.Tensor, (x, graph.call_function(aten.detach_.default, (copy,))))
+    return (product, graph.call_function(aten.add.Tensor, (copy, 1)))
+
+
+def _view_of_copy_written(graph, x, c):
+    """The in-place call writes a view of the copy: no temporary of its own (torch refuses to detach a
+    view in place, so the write here is relu_)."""
+    copy = graph.call_function(aten.lift_fresh_copy.default, (c,))
+    view = graph.call_function(aten.alias.default, (copy,))
+    return graph.call_function(aten.mul.Tensor, (x, graph.call_function(aten.relu_.default, (view,))))
+
+
+def _input_detached(graph, x, c):
+    """The detach writes the caller's tensor (`x.detach_()`: the caller sees its tensor detached)."""
+    return graph.call_function(aten.mul.Tensor, (x, graph.call_function(aten.detach_.default, (x,))))
+
+
+def _constant_detached(graph, x, c):
+    """The detach writes the module's constant itself, no copy between."""
+    return graph.call_function(aten.mul.Tensor, (x, graph.call_function(aten.detach_.default, (c,))))
+
+
+@pytest.mark.parametrize("build, text, code", [
+    (_copy_read_again, DETACH_IN_PLACE, RefusalCode.DROPS_SIDE_EFFECT),
+    (_copy_read_again, LIFTED, RefusalCode.INTERIOR_USED_OUTSIDE),
+    (_view_of_copy_written, RELU_IN_PLACE, RefusalCode.DROPS_SIDE_EFFECT),
+    (_input_detached, DETACH_IN_PLACE, RefusalCode.DROPS_SIDE_EFFECT),
+    (_constant_detached, DETACH_IN_PLACE, RefusalCode.DROPS_SIDE_EFFECT),
+], ids=["copy-read-again", "copy-read-again-matched", "view-of-copy", "input", "constant"])
+def test_a_detach_in_place_that_could_be_seen_is_refused(build, text, code):
+    model = _Graph(build)
+    x = torch.randn(3, 4, requires_grad=True)
+    expected = _Graph(build)(x.detach().clone().requires_grad_())
+    result = fxrules.apply_rules(model, rules(text), example_inputs=(x.detach().clone().requires_grad_(),))
+    assert result.counts == {} and codes(result) == [code]
+    assert targets(result.module) == targets(model)  # untouched
+    got = result.module(x.detach().clone().requires_grad_())
+    for a, b in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,)):
+        assert torch.equal(a, b)
+
+
+def test_torch_impurity_less_the_writes_a_schema_declares():
+    from fxrules.engine import fxaccess
+
+    for op in (aten.detach_.default, aten.relu6_.default, aten.copy_.default, aten.add.out):
+        assert fxaccess.function_is_impure(op, (), {})  # torch: impure for its writes
+        assert not fxaccess.function_is_impure_besides_writes(op, (), {})
+    assert fxaccess.function_is_impure_besides_writes(aten._print.default, ("x",), {})  # an effect torch registers
+    assert fxaccess.function_is_impure_besides_writes(torch.ops.inductor.accumulate_grad_.default, (), {})
+    assert not fxaccess.function_is_impure_besides_writes(aten.add.Tensor, (), {})

@@ -26,7 +26,7 @@ import fxrules.engine.signatures as signatures
 import fxrules.lang.ast as A
 from fxrules.engine.program import PCall, PCapture, PSeq, compile_rules
 from fxrules.verifier.hosts import TENSOR, HostGraphWriter, missing_samplers
-from fxrules.verifier.samplers import KINDS, Catalogue, ModuleSampler, Param, default_catalogue, describe_target
+from fxrules.verifier.samplers import KINDS, TENSOR_KINDS, Catalogue, ModuleSampler, Param, default_catalogue, describe_target
 
 # The dropout1d/2d/3d samplers draw inputs of every rank (1-4), some of which torch deprecates with a
 # warning (and a few it refuses): the draws are valid for these tests, the warning is noise here.
@@ -149,10 +149,14 @@ def test_every_function_and_method_sampler_draws_arguments_its_op_accepts(chunk)
         if isinstance(result, torch.Tensor) and (result.shape != recorded.shape or result.dtype != recorded.dtype):
             problems.append((key, "another call gives another shape or dtype"))
         masks = any(p.kind == "mask" for p in sampler.params)  # masks are bool whatever the host dtype
-        if any(t.dtype != dtype and not (masks and t.dtype == torch.bool) for t in writer.inputs):
+        indices = any(p.kind in ("index", "index_list") for p in sampler.params)  # and indices int64
+        if any(t.dtype != dtype and not (masks and t.dtype == torch.bool)
+               and not (indices and t.dtype == torch.int64) for t in writer.inputs):
             problems.append((key, f"an input is not {dtype}"))
         x = first_tensor(writer, node)
-        if x is None:
+        if x is None and not any(p.kind in TENSOR_KINDS for p in sampler.params):
+            pass  # a factory (randperm) takes no tensor
+        elif x is None:
             problems.append((key, "no tensor argument"))
         elif not sampler.min_rank <= x.ndim <= sampler.max_rank:
             problems.append((key, f"rank {x.ndim} outside [{sampler.min_rank}, {sampler.max_rank}]"))
