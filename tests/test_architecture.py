@@ -89,6 +89,7 @@ def test_the_layer_test_sees_every_import():
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.slow
 def test_imports_run_one_way(module):
     here = _layer(module)
     wrong = []
@@ -161,6 +162,7 @@ def _torch_private_names() -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_private_torch_members_are_touched_in_fxaccess_only():
     """Every private torch member (``node._erased``, ``module._modules``, ``torch._ops``, an import
     of ``torch._subclasses``...) is reached through fxrules.engine.fxaccess, where each fast path

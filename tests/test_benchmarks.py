@@ -9,6 +9,7 @@ import pytest
 run = pytest.importorskip("benchmarks.run")
 
 
+@pytest.mark.slow
 def test_smoke_run_checks_every_tool_agrees(capsys):
     status = run.main(["--smoke", "--workloads", "relu_relu,linear_gelu_dropout,double_transpose,conv_bn",
                        "--tools", "fxrules,inplace,inductor,floor", "--parse", "", "--no-memory", "--no-warmup",

@@ -21,6 +21,7 @@ def test_the_table_is_markdown():
                                  "| fxrules check LIBRARY | 0.183 | 5 | torch imported: no |"]
 
 
+@pytest.mark.slow
 def test_the_check_probe_reports_whether_torch_was_imported(tmp_path):
     import json
     import subprocess
@@ -32,6 +33,7 @@ def test_the_check_probe_reports_whether_torch_was_imported(tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"code": 0, "torch": False}, out.stderr
 
 
+@pytest.mark.slow
 def test_a_meta_kernel_imports_dynamo_so_metadata_propagation_stays_on_fake_tensors(tmp_path):
     """The measured reason issue 17's first-apply goal (0.2 s beyond `import torch` with example
     inputs) was not met by propagating on meta tensors instead of fake ones: in torch 2.13 the meta

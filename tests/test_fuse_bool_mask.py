@@ -137,6 +137,7 @@ FAMILIES = sorted(NEW_ATEN, key=lambda c: c.__name__)
 
 
 @pytest.mark.parametrize("cls", FAMILIES, ids=lambda c: c.__name__)
+@pytest.mark.slow
 def test_exported_bool_mask_attention_fuses(cls):
     model = cls()
     result, reference, got = _exported(model, _inputs(model))
@@ -151,6 +152,7 @@ def test_exported_bool_mask_attention_fuses(cls):
 # ------------------------------------------------------------------- fills given as 0-d tensors
 
 @pytest.mark.parametrize("cls", FAMILIES, ids=lambda c: c.__name__)
+@pytest.mark.slow
 def test_a_zero_d_buffer_fill_fuses_traced_and_exported(cls):
     model = cls(fill=torch.tensor(MIN32))
     result, reference, got = _exported(model, _inputs(model))
@@ -176,6 +178,7 @@ def test_a_tensor_constant_fill_fuses_traced(cls):
 
 
 @pytest.mark.parametrize("cls", FAMILIES, ids=lambda c: c.__name__)
+@pytest.mark.slow
 def test_a_buffer_fill_that_leaves_masked_keys_a_weight_is_not_fused(cls):
     model = cls(fill=torch.tensor(-1e4))
     result, reference, got = _exported(model, _inputs(model))
@@ -295,6 +298,7 @@ def test_the_reshape_of_the_attention_output_stays(cls):
 
 
 @pytest.mark.parametrize("cls", FAMILIES, ids=lambda c: c.__name__)
+@pytest.mark.slow
 def test_a_3d_key_permutation_is_not_a_wildcard(cls):
     """In 3-D attention only the permutation (0, 2, 1) is the key transposed; (1, 0, 2) and (2, 1, 0)
     run on equal sizes and compute something else: never fused."""

@@ -136,6 +136,7 @@ def _softmaxes(module) -> list:
 
 
 @pytest.mark.parametrize("style", sorted(STYLES))
+@pytest.mark.slow
 def test_traced_attention_fuses_and_keeps_outputs(style):
     model = STYLES[style]().eval()
     inputs = _inputs(style)
@@ -151,6 +152,7 @@ def test_traced_attention_fuses_and_keeps_outputs(style):
 
 
 @pytest.mark.parametrize("style", sorted(EXPORTED_RULE))
+@pytest.mark.slow
 def test_exported_attention_fuses_and_keeps_outputs(style):
     model = STYLES[style]().eval()
     inputs = _inputs(style)

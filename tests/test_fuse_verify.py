@@ -31,6 +31,7 @@ def _roots(rules, name):
 
 
 @pytest.mark.parametrize("name", ATTENTION.names)
+@pytest.mark.slow
 def test_every_library_attention_rule_gets_attention_hosts(name):
     roles = attention_roles(_roots(ATTENTION, name))
     assert roles is not None
@@ -95,6 +96,7 @@ rule match_reaches_into_reshape "inductor's bug: the match extends into the outp
 
 @pytest.mark.parametrize("name", ["permuted_key_as_transpose", "bmm_permutation_wildcard",
                                   "match_reaches_into_reshape"])
+@pytest.mark.slow
 def test_inductors_wrong_fusions_are_found(name):
     rules = fxrules.parse_rules(PLANTED)
     assert attention_roles(_roots(rules, name)) is not None
@@ -146,6 +148,7 @@ rule drop_taken_for_keep "wrong: masked_fill's mask (True drops) passed to SDPA 
 
 
 @pytest.mark.parametrize("name", ["any_fill", "drop_taken_for_keep"])
+@pytest.mark.slow
 def test_wrong_bool_mask_fusions_are_found(name):
     rules = fxrules.parse_rules(PLANTED_BOOL)
     assert attention_roles(_roots(rules, name)) is not None
@@ -153,6 +156,7 @@ def test_wrong_bool_mask_fusions_are_found(name):
     assert report[name].grade == "wrong", report[name].render()
 
 
+@pytest.mark.slow
 def test_bool_mask_hosts_draw_lifted_constant_fills():
     """The aten rules take a fill that torch.export lifted out of forward, `detach_(lift_fresh_copy(c))`
     (attention_bool_mask.fxr, `lifted`): the hosts draw that spelling too, with c a 0-d buffer or plain
@@ -205,6 +209,7 @@ rule aten_any_lifted_fill "wrong: a lifted fill of -1e4 or 0 leaves masked keys 
 '''
 
 
+@pytest.mark.slow
 def test_a_wrong_fusion_of_lifted_fills_is_found():
     """Only a fill of 0.0 tells this rule from a correct one (-1e4 weighs a masked key exp(-1e4) = 0 in
     float32 too): one fill in six is drawn so. Seeds 1, 2 and 3 find it in 60 hosts; seed 0 needs more

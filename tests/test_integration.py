@@ -285,6 +285,7 @@ def test_compile_backend_errors(monkeypatch) -> None:
     assert any(isinstance(e, fxrules.ModelError) for e in chain)
 
 
+@pytest.mark.slow
 def test_lazy_exports_do_not_import_torch_early() -> None:
     code = ("import sys, fxrules\n"
             "assert 'torch' not in sys.modules\n"

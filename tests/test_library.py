@@ -104,6 +104,7 @@ def test_readme_is_current():
         assert f"| `{rule.name}` |" in text
 
 
+@pytest.mark.slow
 def test_library_index_check_and_write(tmp_path, capsys):
     copy = tmp_path / "library"
     shutil.copytree(fxrules.LIBRARY, copy)
@@ -147,6 +148,7 @@ def _outputs_kept(result, reference, inputs, exact: bool) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(ZOO_EXPECTED))
+@pytest.mark.slow
 def test_library_rewrites_zoo_models_and_keeps_outputs(name):
     model = zoo.ZOO[name]()
     inputs = zoo.example_inputs(name)
@@ -175,6 +177,7 @@ ATEN_EXPECTED = {
 
 
 @pytest.mark.parametrize("name", sorted(ATEN_EXPECTED))
+@pytest.mark.slow
 def test_aten_family_rewrites_exported_zoo_models(name):
     model = zoo.ZOO[name]()
     inputs = zoo.example_inputs(name)

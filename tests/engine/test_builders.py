@@ -250,6 +250,7 @@ def check_conv_fold(case: dict[str, Any]) -> None:
 
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths:UserWarning")
 @given(conv_bn_cases())
+@pytest.mark.slow
 def test_fold_conv_bn_matches_eager_and_torch(case: dict[str, Any]) -> None:
     check_conv_fold(case)
 

@@ -300,6 +300,7 @@ def interrupt(*args, **kwargs):
 
 @pytest.mark.parametrize("where", ["builder", "predicate"])
 @pytest.mark.parametrize("kind", ["module", "graph_module"])
+@pytest.mark.slow
 def test_keyboard_interrupt_propagates_and_leaves_the_model(monkeypatch, where, kind):
     rule = "builder_boom" if where == "builder" else "predicate_boom"
     rules = boom_rules().select(names=["remove_dropout", "relu_idempotent", rule])
@@ -372,6 +373,7 @@ def _run(rules: fxrules.RuleSet, model, name: str) -> tuple:
     return result.module.code, dict(result.counts), len(result.report.rejected), out
 
 
+@pytest.mark.slow
 def test_one_rule_set_from_four_threads():
     """GraphModules (traced beforehand): the threads share the RuleSet (compiled on first use, by
     whichever thread gets there first), the resolver and torch, nothing else."""
@@ -509,6 +511,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 def test_two_threads_tracing_at_once():
     """Two apply_rules calls on nn.Modules, in two threads, whose torch.fx tracing overlaps
     (the first finishes tracing while the second is still at it). torch.fx patches

@@ -572,6 +572,7 @@ def test_the_builder_makes_valid_graphs():
 
 
 @given(spec=graph_specs())
+@pytest.mark.slow
 def test_library_on_random_graphs(spec):
     check_invariants(spec, LIBRARY)
 
@@ -588,6 +589,7 @@ def rule_subsets(draw) -> fxrules.RuleSet:
 
 
 @given(spec=graph_specs(), rules=rule_subsets())
+@pytest.mark.slow
 def test_rule_subsets_on_random_graphs(spec, rules):
     check_invariants(spec, rules)
 

@@ -368,6 +368,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("name, library", CASES)
+@pytest.mark.slow
 def test_the_engine_on_public_paths_gives_the_same_results(monkeypatch, name, library):
     build = MODELS.get(name) or getattr(zoo, name)
     rules = fxrules.load_rules(fxrules.LIBRARY / library)
@@ -435,6 +436,7 @@ def test_saving_on_public_paths(monkeypatch, tmp_path):
     assert written[0] == written[1]
 
 
+@pytest.mark.slow
 def test_the_verifier_on_public_paths(monkeypatch):
     rules = fxrules.parse_rules('rule relu_relu: call_function torch.relu(call_function torch.relu($x)) '
                                 '-> call_function torch.relu($x)\n'

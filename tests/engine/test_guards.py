@@ -566,6 +566,7 @@ def test_the_verifier_reports_a_guard_refusal_as_a_counterexample():
     assert verdict.counterexample.problem.startswith("the engine refused the rewrite (shape-changed)")
 
 
+@pytest.mark.slow
 def test_a_trainable_parameter_bound_by_a_capture_and_consumed_by_a_builder_is_not_dropped():
     """aten_fold_conv2d_bn binds batch norm's weight and bias with captures (`$beta`) and hands them to its
     builder: in a model that trains, the fold would take `beta` off the gradient path (found by the verifier)."""

@@ -220,6 +220,7 @@ def _fail_after(monkeypatch, owner, name, error):
 
 @pytest.mark.parametrize("stage", ["check", "placing", "deleting", "codegen", "compile", "after_recompile"])
 @pytest.mark.parametrize("error", [RuntimeError("injected"), KeyboardInterrupt()], ids=["error", "interrupt"])
+@pytest.mark.slow
 def test_failures_in_the_commit(monkeypatch, stage, error):
     """The commit places the folded module (replacing `conv`), deletes `bn`, then recompiles: a
     failure at each step, after its writes, is rolled back, code and class attributes included."""
@@ -266,6 +267,7 @@ def _comparable(report: fxrules.Report) -> tuple:
 
 @pytest.mark.parametrize("name", sorted(zoo.ZOO))
 @pytest.mark.parametrize("with_inputs", [False, True])
+@pytest.mark.slow
 def test_the_same_result_as_a_copying_run(name, with_inputs):
     rules = fxrules.load_rules(RULES_DIR)
     if not with_inputs:

@@ -158,6 +158,7 @@ def test_the_whole_fail_directory_reports_every_file():
 
 
 @pytest.mark.parametrize("path", FAIL_FILES, ids=_ids(FAIL_FILES))
+@pytest.mark.slow
 def test_fail_file_through_cli_in_process(path: Path, capsys):
     code = cli_main(["check", "--format", "json", os.fspath(path)])
     out, err = capsys.readouterr()
@@ -205,6 +206,7 @@ def corpus_runs():
     return results
 
 
+@pytest.mark.slow
 def test_cli_json_over_the_whole_fail_corpus(corpus_runs):
     code, out, err = corpus_runs["json"]
     assert "Traceback" not in out + err

@@ -153,6 +153,7 @@ def _cli(args: list, marker: Path, cwd: Path = ROOT) -> subprocess.CompletedProc
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_check_subprocess_imports_nothing(hostile_file, marker):
     """`fxrules check` in a fresh interpreter, where the repository root is on sys.path."""
     run = _cli(["check", "--format", "json", str(hostile_file)], marker)
@@ -329,6 +330,7 @@ rule relu_relu [exact]:
 
 
 @pytest.mark.parametrize("command", ["verify", "apply"])
+@pytest.mark.slow
 def test_verify_and_apply_subprocesses_import_nothing(hostile_file, marker, command):
     extra = ["--model", "fxrules.zoo:mlp", "--input", "2x16"] if command == "apply" else ["--max-examples", "2"]
     run = _cli([command, str(hostile_file), *extra], marker)

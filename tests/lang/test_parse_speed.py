@@ -68,6 +68,7 @@ def _files() -> list[Path]:
 
 @pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(ROOT)))
 @pytest.mark.filterwarnings("ignore:invalid escape sequence")
+@pytest.mark.slow
 def test_every_corpus_and_library_file(path: Path):
     try:
         src = read(path)
@@ -216,6 +217,7 @@ def test_just_within_the_limits():
 @settings(max_examples=300, deadline=None)
 @given(grammar_texts)
 @pytest.mark.filterwarnings("ignore:invalid escape sequence")
+@pytest.mark.slow
 def test_grammar_strings(text: str):
     both_ways(text)
 
@@ -351,6 +353,7 @@ def test_nothing_in_a_rule_file_is_evaluated(monkeypatch):
     assert re.fullmatch(r"[\w.]+", call.target.text)
 
 
+@pytest.mark.slow
 def test_lark_is_imported_only_when_its_loop_runs():
     """Cold start (issue 17): loading the library and applying it, and `fxrules check`, parse on the
     shipped tables with the direct loop and import no Lark (40-60 ms); a syntax error, which Lark's

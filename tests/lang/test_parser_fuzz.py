@@ -127,11 +127,13 @@ grammar_texts = from_lark(GRAMMAR, start="start", explicit=_terminal_strategies(
 
 @pytest.mark.filterwarnings("ignore:invalid escape sequence")  # "\d" in a string literal
 @given(grammar_texts)
+@pytest.mark.slow
 def test_grammar_strings(text: str) -> None:
     check(text)
 
 
 @pytest.mark.filterwarnings("ignore:invalid escape sequence")
+@pytest.mark.slow
 def test_grammar_strings_mostly_build() -> None:
     """Guard the generator itself: if most of its strings failed, (a) would test little."""
     outcomes: list[bool] = []

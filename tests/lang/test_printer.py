@@ -513,6 +513,7 @@ def test_random_files_round_trip(rule_file: A.RuleFile) -> None:
 
 
 @given(rule_files, st.sampled_from([12, 30, 60]))
+@pytest.mark.slow
 def test_wrapping_long_lines_keeps_the_ast(rule_file: A.RuleFile, width: int) -> None:
     """Any line width: the broken lines parse to the same AST (newlines only inside brackets)."""
     old = printer.WIDTH

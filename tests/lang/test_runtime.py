@@ -154,6 +154,7 @@ def test_a_second_apply_reuses_the_compiled_rules(monkeypatch):
     assert not hasattr(rules, "cache") and not hasattr(rules, "__dict__")  # nothing written into it
 
 
+@pytest.mark.slow
 def test_the_memo_keeps_no_rule_set_alive():
     rules = fxrules.parse_rules(RULE)
     fxrules.apply_rules(Twice(), rules)

@@ -51,6 +51,7 @@ COMPUTED = {
 
 
 @pytest.mark.parametrize("name", sorted(COMPUTED))
+@pytest.mark.slow
 def test_verify_refuses_a_run_over_the_budget(tmp_path, name):
     rules = tmp_path / "big.fxr"
     rules.write_text(f"rule big [changes]: call_function torch.relu($x) -> {COMPUTED[name]}\n"
@@ -68,6 +69,7 @@ def test_verify_refuses_a_run_over_the_budget(tmp_path, name):
     assert "MemoryError" not in run.stdout + run.stderr
 
 
+@pytest.mark.slow
 def test_verify_refuses_what_fake_tensors_cannot_size(tmp_path):
     # bincount's output length is the largest value + 1: the data decides it, fake tensors cannot
     rules = tmp_path / "bincount.fxr"
@@ -85,6 +87,7 @@ def test_verify_refuses_what_fake_tensors_cannot_size(tmp_path):
     assert "bincount" in run.stdout
 
 
+@pytest.mark.slow
 def test_apply_rules_computes_no_new_value_on_real_tensors(tmp_path):
     rules = tmp_path / "big.fxr"
     rules.write_text(f"rule big [changes]: call_function torch.relu($x) -> {COMPUTED['zeros']}\n", encoding="utf-8")
@@ -100,6 +103,7 @@ def test_apply_rules_computes_no_new_value_on_real_tensors(tmp_path):
     assert "applied {'big': 1}" in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.slow
 def test_apply_rules_real_fallback_sizes_each_op_first():
     # the model's fake run fails (nonzero: a data-dependent shape), so shape propagation runs it on
     # real tensors; the op that would take 8 GB is refused before it runs, and the model is untouched
@@ -145,6 +149,7 @@ LITERAL = [
 
 
 @pytest.mark.parametrize("replacement", LITERAL)
+@pytest.mark.slow
 def test_literal_sizes_over_the_budget_are_refused_when_checked(tmp_path, replacement):
     rules = tmp_path / "literal.fxr"
     rules.write_text(f"rule r [changes]: call_function torch.relu($x) -> {replacement}\n", encoding="utf-8")

@@ -60,6 +60,7 @@ SHELL_CONDITIONS = [
 
 
 @pytest.mark.parametrize("condition", SHELL_CONDITIONS)
+@pytest.mark.slow
 def test_a_condition_cannot_run_a_shell_command(tmp_path, condition):
     marker = tmp_path / "marker"
     rules = tmp_path / "shell.fxr"
@@ -80,6 +81,7 @@ def test_a_condition_cannot_run_a_shell_command(tmp_path, condition):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_an_example_cannot_execute_code(tmp_path):
     marker = tmp_path / "marker"
     rules = tmp_path / "exec.fxr"
@@ -126,6 +128,7 @@ def test_an_example_cannot_execute_code(tmp_path):
     'call_function torch.add($x, call_function builtins.len(call_function operator.mul([0], 10000000000)))',
     'call_function torch.add($x, call_function len(call_function list(call_function range(10000000000))))',
 ])
+@pytest.mark.slow
 def test_a_replacement_cannot_touch_files_or_global_state(tmp_path, replacement):
     marker = tmp_path / "marker"
     rules = tmp_path / "files.fxr"
@@ -152,6 +155,7 @@ def test_a_replacement_cannot_touch_files_or_global_state(tmp_path, replacement)
     "sum([[0]] * 30000, []) != []",
     "[\"a\" * 60000] * 60000 == [\"a\" * 60000] * 60000",
 ])
+@pytest.mark.slow
 def test_a_condition_cannot_exhaust_memory(tmp_path, condition):
     rules = tmp_path / "memory.fxr"
     rules.write_text(f"rule r: call_module ReLU($x) where {condition} -> call_function torch.sigmoid($x)\n",
@@ -232,6 +236,7 @@ def test_a_string_literal_full_of_escapes_loads_within_50_times_its_size(tmp_pat
     assert "loaded 1" in run.stdout, run.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_condition_cannot_index_a_tensor_into_a_larger_one(tmp_path):
     # w[[[0] * 255] * 255] gathers 65,025 copies of a row: 1 GB from a 1 MB weight, per candidate
     rules = tmp_path / "index.fxr"
@@ -283,6 +288,7 @@ def test_a_rule_set_made_without_the_checker_is_refused_by_the_engine(tmp_path, 
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_an_example_cannot_construct_a_huge_module(tmp_path):
     # the constructor arguments are literals and check clean; the module would hold 6.4e9 elements (25.6 GB)
     rules = tmp_path / "module.fxr"

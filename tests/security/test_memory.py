@@ -111,6 +111,7 @@ def _load_within_50x(tmp_path: Path, text: str) -> str:
 
 
 @pytest.mark.parametrize("shape", sorted(LOADED))
+@pytest.mark.slow
 def test_a_file_of_small_tokens_loads_within_50_times_its_size(tmp_path, shape):
     text, count = LOADED[shape]
     expected = text.count("\n") if count is None else count
@@ -118,6 +119,7 @@ def test_a_file_of_small_tokens_loads_within_50_times_its_size(tmp_path, shape):
 
 
 @pytest.mark.parametrize("shape", sorted(REFUSED))
+@pytest.mark.slow
 def test_a_statement_of_too_many_tokens_is_refused_within_50_times_its_size(tmp_path, shape):
     from fxrules.lang.parser import MAX_STATEMENT_TOKENS
 
@@ -130,6 +132,7 @@ def test_a_statement_of_too_many_tokens_is_refused_within_50_times_its_size(tmp_
 
 
 @pytest.mark.parametrize("shape", sorted(OVER_BUDGET))
+@pytest.mark.slow
 def test_a_file_dense_with_nodes_is_refused_by_its_token_budget_within_50_times_its_size(tmp_path, shape):
     out = _load_within_50x(tmp_path, OVER_BUDGET[shape])
     assert out.startswith("refused too-large@") and ";" not in out, out
@@ -137,6 +140,7 @@ def test_a_file_dense_with_nodes_is_refused_by_its_token_budget_within_50_times_
     assert line > 100  # at the statement where the budget ran out, not at the file's start
 
 
+@pytest.mark.slow
 def test_the_file_token_budget_admits_the_library_and_is_the_same_on_both_parse_loops():
     from fxrules.lang import parser
     from fxrules.lang.diagnostics import RuleFileError

@@ -303,6 +303,7 @@ def runs(tmp_path_factory):
     return _run_all(commands, {"not_installed_clean": bare, "not_installed_unbound": bare})
 
 
+@pytest.mark.slow
 def test_python_dash_m_fxrules(runs):
     code, out, err = runs["module_clean"]
     assert code == 0, out + err

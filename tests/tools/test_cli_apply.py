@@ -451,6 +451,7 @@ def _cli_inputs():
     return (torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0)),)
 
 
+@pytest.mark.slow
 def test_saved_module_reloads_and_matches_the_rewrite(reloaded, work):
     import torch
 
@@ -582,6 +583,7 @@ def test_untraceable_model(runs):
     assert line.endswith("); try --export with --input")
 
 
+@pytest.mark.slow
 def test_export_failure_hides_torch_logging(runs):
     line = _one_line_error(runs["no_export"])  # torch logs pages of graph dumps on the way; none shown
     assert line.startswith("fxrules: error: torch.export failed: ")

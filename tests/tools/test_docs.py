@@ -265,6 +265,7 @@ def python_runs(tmp_path_factory) -> dict[str, tuple[Path, list[dict]]]:
 
 
 @pytest.mark.parametrize("document", PYTHON_PAGES, ids=lambda d: d.name)
+@pytest.mark.slow
 def test_every_python_block_runs(document, python_runs):
     work, results = python_runs[document.name]
     plan = python_steps(document)

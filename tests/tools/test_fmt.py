@@ -257,6 +257,7 @@ def test_corpus_formats_safely(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", FAIL, ids=lambda p: p.name)
+@pytest.mark.slow
 def test_fail_corpus_is_refused_or_formats_safely(path: Path) -> None:
     data = path.read_bytes()
     try:
@@ -299,6 +300,7 @@ CORPUS_TEXTS = [p.read_text(encoding="utf-8") for p in PASS]
 
 @settings(max_examples=max(10, settings().max_examples * 3 // 5))  # 60 under the ci profile
 @given(st.data())
+@pytest.mark.slow
 def test_sprinkled_corpus_formats_safely(data) -> None:
     text = data.draw(st.sampled_from(CORPUS_TEXTS))
     varied = data.draw(sprinkled(text))
@@ -339,6 +341,7 @@ def fxrules(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Compl
                           text=True, env=env, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_fmt(tmp_path: Path) -> None:
     ugly, pretty, broken = tmp_path / "ugly.fxr", tmp_path / "pretty.fxr", tmp_path / "sub" / "broken.fxr"
     broken.parent.mkdir()
@@ -392,6 +395,7 @@ def test_cli_fmt(tmp_path: Path) -> None:
     assert r.returncode == 2 and "nope.fxr: error[io-error]" in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_fmt_stdin(tmp_path: Path) -> None:
     r = fxrules("fmt", "-", cwd=tmp_path, stdin=UGLY)
     assert r.returncode == 0 and r.stdout == PRETTY
@@ -402,6 +406,7 @@ def test_cli_fmt_stdin(tmp_path: Path) -> None:
 @pytest.mark.filterwarnings("ignore:invalid escape sequence")  # "\d" in a string literal
 @settings(max_examples=max(10, settings().max_examples * 3 // 5))
 @given(grammar_texts)
+@pytest.mark.slow
 def test_grammar_generated_texts_format_safely(text: str) -> None:
     """Texts drawn from the grammar itself (line continuations, CRLF, comments in newlines...)."""
     try:

@@ -76,6 +76,7 @@ def test_the_installed_version_is_read_without_importing_torch():
     assert torch_index._installed_version() == torch.__version__
 
 
+@pytest.mark.slow
 def test_checking_the_corpus_says_the_same_with_and_without_the_index(monkeypatch):
     """Every diagnostic of every corpus file (good and bad), the same whether the index answers or not."""
     pytest.importorskip("torch")
@@ -116,6 +117,7 @@ def test_a_clean_check_neither_imports_torch_nor_builds_lark_parser():
     assert out.stdout.split() == ["0", "False", "True"], out.stderr
 
 
+@pytest.mark.slow
 def test_a_miss_imports_torch_and_reports_as_before(tmp_path):
     pytest.importorskip("torch")
     rule = tmp_path / "typo.fxr"

@@ -95,6 +95,7 @@ def _pos(line: int, character: int) -> dict:
     return {"line": line, "character": character}
 
 
+@pytest.mark.slow
 def test_diagnostics_as_you_type_hover_definition_formatting_completion(client, tmp_path):
     path = tmp_path / "mine.fxr"
     uri = lsp.uri_of(str(path))

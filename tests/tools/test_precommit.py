@@ -84,6 +84,7 @@ def run_pre_commit(*args: str, cwd: Path, home: Path, tmp: Path) -> subprocess.C
     return subprocess.run([PRE_COMMIT, *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_fxrules_check_hook(tmp_path: Path) -> None:
     assert PRE_COMMIT, "pre-commit is not installed: pip install -e '.[test]'"
     fxrules_repo = snapshot_of_this_checkout(tmp_path / "fxrules")

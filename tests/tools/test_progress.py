@@ -236,6 +236,7 @@ def pty_runs(tmp_path_factory):
         return {key: future.result() for key, future in futures.items()}
 
 
+@pytest.mark.slow
 def test_apply_on_a_terminal_shows_phases_then_erases_them(pty_runs):
     code, out, err = pty_runs["text"]
     assert code == 0, err

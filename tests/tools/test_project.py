@@ -282,6 +282,7 @@ def test_the_repository_itself_checks_clean(monkeypatch, capsys):
 
 
 
+@pytest.mark.slow
 def test_a_projects_own_builder_passes_the_torch_free_check(tmp_path):
     """The pre-commit hook's environment has no torch: a rule naming the project's builder (whose module
     imports torch) checks clean there, as names under torch do; with torch, the builder is checked."""

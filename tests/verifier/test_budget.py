@@ -42,12 +42,14 @@ WRONG_APPROX = {
 
 
 @pytest.mark.parametrize("name", sorted(WRONG_APPROX))
+@pytest.mark.slow
 def test_a_wrong_approx_rule_is_still_caught(name):
     (verdict,) = _verify(WRONG_APPROX[name]).verdicts
     assert verdict.grade == "wrong", verdict.render()
     assert not verdict.counterexample.facts[0].startswith("example at")  # a drawn host caught it
 
 
+@pytest.mark.slow
 def test_an_sdpa_fusion_with_a_wrong_scale_is_caught_by_hosts():
     rules = fxrules.parse_rules(_sdpa_rule_with_scale("1.001"), "wrong.fxr")
     report = verify(rules, names=["aten_sdpa_div_scale"], max_examples=HOSTS, seed=0, database=None)
@@ -56,6 +58,7 @@ def test_an_sdpa_fusion_with_a_wrong_scale_is_caught_by_hosts():
     assert verdict.counterexample is not None and "example at" not in verdict.counterexample.facts[0]
 
 
+@pytest.mark.slow
 def test_the_right_sdpa_fusion_is_validated():
     rules = fxrules.parse_rules(_sdpa_rule_with_scale("1.0"), "right.fxr")
     (verdict,) = verify(rules, names=["aten_sdpa_div_scale"], max_examples=HOSTS, seed=0, database=None).verdicts

@@ -3,6 +3,7 @@ applying every non-[changes] rule keeps the outputs whenever the shapes are kept
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -43,6 +44,7 @@ def _run(module: torch.nn.Module, inputs: tuple, seed: int):
 @given(name=st.sampled_from(ZOO_MODELS), depth=st.integers(1, 3), weights=st.integers(0, 2**31 - 1),
        values=st.integers(0, 2**31 - 1), training=st.sampled_from([False, False, True]),
        dtype=st.sampled_from([torch.float32, torch.float64]))
+@pytest.mark.slow
 def test_non_changes_rules_keep_zoo_outputs(name, depth, weights, values, training, dtype):
     model = _model(name, depth).to(dtype)
     _redraw_weights(model, weights)

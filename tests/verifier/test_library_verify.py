@@ -33,6 +33,7 @@ def _cases():
 
 
 @pytest.mark.parametrize("case", list(_cases()))
+@pytest.mark.slow
 def test_library_rule_keeps_its_contract(case):
     assert_rule_verified(case, max_examples=HOSTS, seed=0, database=None)
 

@@ -32,6 +32,7 @@ def _counts(report) -> list:
     return [(v.rule, v.hosts_checked, v.hosts_discarded, v.hosts_discarded_by) for v in report.verdicts]
 
 
+@pytest.mark.slow
 def test_jobs_gives_the_verdicts_of_one_process_in_rule_order():
     """Grades, rules, their order and the host counts agree with one process for a fixed seed."""
     options = dict(names=NAMES, max_examples=6, seed=5, database=None)
@@ -49,6 +50,7 @@ def test_jobs_gives_the_verdicts_of_one_process_in_rule_order():
 LITERALS = "\n".join(f"VALUE_{i} = ({i * 7919 % 1000}, {i / 7.0!r}, {-(i * 104729 % 4096)})" for i in range(300))
 
 
+@pytest.mark.slow
 def test_draws_do_not_depend_on_the_modules_a_process_has_loaded(tmp_path, monkeypatch):
     """Hypothesis harvests literals from every local module loaded and mixes them into its draws; a worker
     process, the command line and the Python API load different modules. A fixed seed must draw the same
@@ -100,6 +102,7 @@ class DiesWhenUnpickled:
         return (os._exit, (3,))
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_is_reported_not_waited_for():
     rule_set = fxrules.load_rules(CLEANUP)
     options = VerifyOptions(max_examples=2, seed=0, database=None, catalogue=DiesWhenUnpickled())
@@ -127,6 +130,7 @@ def _children(pid: int) -> set:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists() or sys.platform != "linux", reason="reads /proc")
+@pytest.mark.slow
 def test_ctrl_c_stops_every_worker():
     command = [sys.executable, "-m", "fxrules", "verify", str(CLEANUP), "-j", "2", "--max-examples", "500",
                "--no-database", "-q"]

@@ -108,6 +108,7 @@ def test_the_default_catalogue_is_a_fresh_object_each_time():
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
+@pytest.mark.slow
 def test_every_function_and_method_sampler_draws_arguments_its_op_accepts(chunk):
     """Each entry draws arguments its op runs on, both with every parameter named and with only the
     required ones drawn by kind; inputs of the host dtype, the first tensor within the entry's rank

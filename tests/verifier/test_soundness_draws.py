@@ -48,6 +48,7 @@ def test_complex_dtypes_are_drawn_and_catch_a_rule_wrong_only_for_them():
     assert any(fact.startswith("dtype complex") for fact in example.facts), example.facts
 
 
+@pytest.mark.slow
 def test_broadcasting_partners_that_expand_the_kept_operand_are_drawn():
     _, example = _caught("rule r [approx]: call_function operator.add($x, get_attr $b) "
                          "where is_zero($b) and $x.dtype == $b.dtype and not is_constant($x) -> $x", grad=False)
@@ -55,6 +56,7 @@ def test_broadcasting_partners_that_expand_the_kept_operand_are_drawn():
     assert "changed from" in example.problem or "(shape-changed)" in example.problem, example.problem
 
 
+@pytest.mark.slow
 def test_a_non_contiguous_input_with_a_view_user_catches_a_stride_change():
     # [approx]: the engine guards no layout (only values are promised), so the drawn .view(-1) user raises
     _, example = _caught("rule r [approx]: call_method contiguous($x) where not is_constant($x) -> $x", grad=False,
@@ -64,6 +66,7 @@ def test_a_non_contiguous_input_with_a_view_user_catches_a_stride_change():
     assert "view(-1)" in example.code
 
 
+@pytest.mark.slow
 def test_a_layout_refusal_is_a_non_application_and_the_rule_is_checked_on_other_hosts():
     """Under [exact] the engine refuses a rewrite whose changed strides a later node reads, with metadata and
     without (fxrules.engine.guards.layout_unknown): such a host keeps its model and is not a counterexample.
@@ -76,6 +79,7 @@ def test_a_layout_refusal_is_a_non_application_and_the_rule_is_checked_on_other_
     assert "bit-identical" in example.problem and "(layout-changed)" not in example.problem, example.problem
 
 
+@pytest.mark.slow
 def test_input_gradients_are_compared_by_default():
     _, example = _caught("rule r [exact]: call_function torch.relu($x) -> call_function torch.clamp($x, min=0)")
     assert example.problem.startswith("gradients:")
@@ -84,6 +88,7 @@ def test_input_gradients_are_compared_by_default():
     assert verdict.grade is Grade.VALIDATED, verdict.render()
 
 
+@pytest.mark.slow
 def test_a_rule_that_changes_a_trainable_parameters_gradient_is_caught_in_training_mode():
     # The engine refuses a rule that drops a trainable parameter in a model in training mode
     # (trainable-parameter-dropped); the verifier compares parameter gradients on training-mode hosts (eval is
@@ -103,6 +108,7 @@ def _hooked_sigmoid_model():
     return model
 
 
+@pytest.mark.slow
 def test_a_forward_hook_is_drawn_and_the_engine_leaves_the_hooked_module_alone():
     # The engine refuses to remove or replace a module with hooks (module-has-hooks), so the hooked hosts the
     # verifier draws are not rewritten (discarded) and a rule that ignores hooks keeps its contract.
@@ -116,6 +122,7 @@ def test_a_forward_hook_is_drawn_and_the_engine_leaves_the_hooked_module_alone()
     assert any(r.code == "module-has-hooks" for r in result.report.rejected), result.report
 
 
+@pytest.mark.slow
 def test_a_subclass_overriding_a_method_forward_calls_is_drawn_and_not_matched_by_the_base_class():
     # The engine matches a module pattern against a subclass only when it overrides nothing the computation
     # uses (docs/semantics.md): the drawn subclass hosts are not rewritten, and the rule keeps its contract.
@@ -125,12 +132,14 @@ def test_a_subclass_overriding_a_method_forward_calls_is_drawn_and_not_matched_b
     assert verdict.hosts_discarded >= 1  # the subclass hosts
 
 
+@pytest.mark.slow
 def test_a_shared_module_or_tied_parameters_catch_a_builder_that_changes_the_matched_module_in_place():
     _, example = _caught("rule r [exact]: call_function operator.mul(call_module Linear($x) as l, 2) "
                          "-> call_module tests.verifier.wrong_builders.double_weights_in_place(l)($x)", grad=False)
     assert any("called again" in fact or "tied" in fact for fact in example.facts), example.facts
 
 
+@pytest.mark.slow
 def test_special_values_catch_a_rule_wrong_only_for_nan_and_inf():
     _, example = _caught("rule r [approx]: call_function operator.sub($x, $x) -> call_function torch.zeros_like($x)",
                          grad=False)
@@ -190,6 +199,7 @@ def test_host_counts_count_distinct_hosts_and_the_broken_one():
     assert MIN_HOSTS <= kept.hosts_checked <= 20
 
 
+@pytest.mark.slow
 def test_reproduce_replays_the_same_host_and_values(tmp_path):
     text = "rule r [exact]: call_function torch.relu($x) -> call_function torch.clamp($x, min=0)"
     (first,) = _verify(text).verdicts
@@ -206,6 +216,7 @@ def test_reproduce_replays_the_same_host_and_values(tmp_path):
     assert no_grad.hosts_gap == "did-not-reproduce"
 
 
+@pytest.mark.slow
 def test_a_replayed_host_with_a_train_mode_dropout_draws_the_same_random_numbers():
     # dropout in training elsewhere in the host: before and after consume the same random numbers
     text = ("rule r [exact]: call_function torch.relu(call_function torch.relu(call_module Dropout{p=0.5}($x) as d)) "
@@ -228,6 +239,7 @@ def test_a_replayed_host_with_a_train_mode_dropout_draws_the_same_random_numbers
 # -- coverage ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_bundled_library_has_a_sampler_for_every_op_its_patterns_name():
     assert coverage(fxrules.LIBRARY) == ()
 
@@ -240,6 +252,7 @@ def test_coverage_lists_the_ops_without_a_sampler_with_the_rules_naming_them():
     assert gap.op == "torch.special.i0e" and gap.rules == ("a", "b")
 
 
+@pytest.mark.slow
 def test_the_coverage_command(tmp_path, capsys):
     path = tmp_path / "r.fxr"
     path.write_text("rule a: call_function torch.special.i0e($x) -> $x\n")
@@ -253,6 +266,7 @@ def test_the_coverage_command(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flag, grad", [([], True), (["--no-grad"], False), (["--grad"], True)])
+@pytest.mark.slow
 def test_grad_is_the_default_and_no_grad_turns_it_off(tmp_path, capsys, flag, grad):
     path = tmp_path / "r.fxr"
     path.write_text("rule r [exact]: call_function torch.relu($x) -> call_function torch.clamp($x, min=0)\n")
@@ -296,6 +310,7 @@ def test_a_module_subclass_is_drawn_with_its_nearest_base_class_sampler():
     assert built and all(isinstance(m, _MyLinear) for m in built)
 
 
+@pytest.mark.slow
 def test_writes_through_views_are_drawn_and_catch_a_rule_that_ignores_them(monkeypatch):
     """clone(x) -> x is wrong where x, or the clone, is written in place through a view afterwards. The
     engine's alias tracking refuses it there (replaced-node-mutated, alias-mutated-later); with that

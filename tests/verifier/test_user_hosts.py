@@ -5,6 +5,7 @@ examples alone, and one whose condition lets an observable user through is found
 
 from __future__ import annotations
 
+import pytest
 import fxrules
 from fxrules.verifier.driver import Grade, VerifyOptions, verify_rule
 from fxrules.verifier.hosts import user_consumers
@@ -32,12 +33,14 @@ def test_the_users_a_condition_lists_are_read_from_it():
         "a": (torch.relu, "sigmoid"), "b": (torch.relu, "sigmoid")}
 
 
+@pytest.mark.slow
 def test_the_library_duplicate_cast_is_validated_on_hosts():
     rules = fxrules.load_rules(fxrules.LIBRARY / "fuse" / "casts.fxr")
     verdict = verify_rule(rules, "duplicate_cast", OPTIONS)
     assert verdict.grade is Grade.VALIDATED and verdict.hosts_checked >= 5, verdict
 
 
+@pytest.mark.slow
 def test_a_users_condition_that_lets_a_view_through_is_found_wrong():
     """transpose returns a view: the two results then share storage, which a drawn write shows."""
     rules = fxrules.parse_rules(SHARED.format(contract="exact", users='torch.relu, "t"'), "wrong.fxr")

@@ -7,6 +7,7 @@ of tensors of any length), the verifier says so.
 
 from __future__ import annotations
 
+import pytest
 import fxrules
 from fxrules.engine.program import compile_rules
 from fxrules.verifier.driver import Grade, VerifyOptions, verify_rule
@@ -30,12 +31,14 @@ def test_a_variadic_capture_of_a_drawn_sequence_has_a_sampler_and_others_do_not(
     assert missing.startswith("*$rest")
 
 
+@pytest.mark.slow
 def test_the_library_permute_identity_is_validated_on_hosts():
     rules = fxrules.load_rules(fxrules.LIBRARY / "fuse" / "permute.fxr")
     verdict = verify_rule(rules, "permute_identity", OPTIONS)
     assert verdict.grade is Grade.VALIDATED and verdict.hosts_checked >= 5, verdict
 
 
+@pytest.mark.slow
 def test_a_wrong_variadic_rule_is_found_wrong():
     """Hosts draw every permutation: a rule calling any permutation the identity is caught."""
     rules = fxrules.parse_rules("rule any_permute [exact]: call_method permute($x, *$dims) where len($dims) >= 2 "

@@ -56,6 +56,7 @@ WRONG_RULES = {
 
 
 @pytest.mark.parametrize("name", sorted(WRONG_RULES))
+@pytest.mark.slow
 def test_a_wrong_rule_is_caught_with_a_shrunk_counterexample(name):
     report = _verify(WRONG_RULES[name])
     (verdict,) = report.verdicts
@@ -95,6 +96,7 @@ def test_linear_to_identity_is_caught_when_shapes_are_kept():
     assert features[0] == features[1]
 
 
+@pytest.mark.slow
 def test_a_shape_change_breaks_approx_and_is_reported_for_changes():
     (approx,) = _verify("call_function torch.t($x) where $x.ndim == 2 and not is_constant($x) -> $x",
                         grad=False).verdicts
@@ -105,6 +107,7 @@ def test_a_shape_change_breaks_approx_and_is_reported_for_changes():
     assert changes.shapes_kept is False  # some drawn Linear changed the feature count
 
 
+@pytest.mark.slow
 def test_correct_rules_are_validated():
     text = "\n".join([
         "[exact] call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)",
@@ -122,6 +125,7 @@ def test_correct_rules_are_validated():
     assert report.verdicts[-1].shapes_kept is True
 
 
+@pytest.mark.slow
 def test_gradients_are_compared_with_grad():
     # Forward bit-identical, but at 0 relu's gradient is 0 and clamp(min=0)'s is 1.
     text = "[exact] call_function torch.relu($x) -> call_function torch.clamp($x, min=0)"
@@ -140,6 +144,7 @@ def test_an_op_without_a_sampler_is_unverified_not_passed():
     assert verdict.to_json()["hosts_gap"] == "no-sampler"
 
 
+@pytest.mark.slow
 def test_examples_are_graded():
     text = """
 rule keep "relu of relu" [exact]:
@@ -215,6 +220,7 @@ def test_found_counterexamples_are_kept_in_the_database(tmp_path):
     assert again.verdicts[0].grade == "wrong"  # replayed from the database first
 
 
+@pytest.mark.slow
 def test_report_json_is_serialisable():
     report = _verify(WRONG_RULES["mul_two_is_x"] + "\n" + "[exact] call_function torch.neg(call_function "
                                                           "torch.neg($x)) where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x")
@@ -223,6 +229,7 @@ def test_report_json_is_serialisable():
     assert data["rules"][0]["counterexample"]["reproduce"].startswith("@reproduce_failure(")
 
 
+@pytest.mark.slow
 def test_verify_selects_rules_by_name():
     rules = fxrules.parse_rules("rule a [exact]:\n    call_function torch.neg(call_function torch.neg($x)) "
                                 "where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x\n"
@@ -244,6 +251,7 @@ def _cli(*args, cwd=ROOT):
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_exit_codes_and_formats(tmp_path):
     good = tmp_path / "good.fxr"
     good.write_text("rule neg_neg [exact]:\n    call_function torch.neg(call_function torch.neg($x)) "
@@ -268,6 +276,7 @@ def test_cli_exit_codes_and_formats(tmp_path):
     assert _cli(str(tmp_path / "absent.fxr"), cwd=tmp_path).returncode == 2
 
 
+@pytest.mark.slow
 def test_fxrules_verify_is_the_function():
     report = fxrules.verify(fxrules.parse_rules("[exact] call_function torch.neg(call_function torch.neg($x)) "
                                                 "where not is_constant($x) -> $x"),
@@ -275,6 +284,7 @@ def test_fxrules_verify_is_the_function():
     assert isinstance(report, fxrules.VerifyReport) and report.ok
 
 
+@pytest.mark.slow
 def test_the_pytest_helper_gives_one_test_per_rule(tmp_path):
     (tmp_path / "rules.fxr").write_text(
         "rule neg_neg [exact]:\n    call_function torch.neg(call_function torch.neg($x)) where is_floating($x) and not is_constant($x) and $x.is_contiguous() -> $x\n"
