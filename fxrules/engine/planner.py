@@ -99,6 +99,13 @@ class Effects:
         self._may_draw: dict = {}  # call_function target -> whether some call of it may draw random numbers
         self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known)
 
+    def close(self) -> None:
+        """Drop the references that make this object and its aliasing a reference cycle (each holds
+        the other's bound methods), so reference counting frees them and their caches when the run
+        ends (see :meth:`fxrules.engine.transaction.Workpiece.close`); not used afterwards."""
+        self.aliasing = None
+        self.attr_of = self.module_of = None
+
     def _attr_through_modules(self, target: str) -> Any:
         """A get_attr target's value, found through ``module_of`` (its module, then the attribute)."""
         path, _, name = target.rpartition(".")

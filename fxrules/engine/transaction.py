@@ -371,6 +371,23 @@ class Workpiece:
             self.effects.module_replaced(self.callers_of(name))
         return name
 
+    def close(self) -> None:
+        """Let go of what the run kept for its checks: the effects (with their aliasing) and their caches,
+        the module and user indexes, the journal. They refer back to this workpiece through bound
+        methods (``Effects(self.module_of, ...)``), so otherwise this whole web, and whatever it holds
+        (the journal's saved states, module dictionaries and the modules a rewrite removed, the
+        per-module facts), would be garbage in reference cycles, left to the cyclic collector: one
+        traversal of all of it when ``apply_rules`` lets the collector run again (at 20,000 nodes,
+        tens of milliseconds; in place on conv+bn folding, more). Dropped here, reference counting
+        frees it at once. The driver calls it when a run has ended, after the commit or the rollback;
+        the workpiece is not used again."""
+        effects = self.effects
+        if effects is not None:
+            effects.close()
+        self.effects = None
+        self.journal = UNRECORDED
+        self._lookup = self._modules = self._callers = self._read_below = self._taken = None
+
     # -- commit ----------------------------------------------------------------
     def check_changed(self) -> None:
         """What ``Graph.lint`` checks, for the nodes this run created or rewired.
