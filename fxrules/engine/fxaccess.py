@@ -129,11 +129,17 @@ def copy_graph_fast(graph: fx.Graph) -> fx.Graph:
     store = getattr(table, "table", None)
     filed = isinstance(store, collections.defaultdict) and store.default_factory is dict \
         and (type(table).insert, type(table)._key) == _TABLE_METHODS
-    map_arg, make = fx.node.map_arg, fx.Node
+    # A node is made as ``fx.Node(...)`` makes it, without its Python layers: ``Node.__init__`` checks
+    # the op and the target's type (the source node passed the same checks) and then runs the C base's
+    # ``__init__`` and ``_update_args_kwargs``; ``fx.node.map_arg`` checks that its function is callable
+    # and calls the C ``_fx_map_arg``. Together a sixth of the copy at 20,000 nodes.
+    map_arg, node_class, init = torch._C._fx_map_arg, fx.Node, torch._C._NodeBase.__init__
+    new_node = node_class.__new__
     for node in graph.nodes:  # the output node too: it keeps its name
         args, kwargs = node.args, node.kwargs
-        copied = make(new, node.name, node.op, node.target, map_arg(args, get) if args else (),
-                      map_arg(kwargs, get) if kwargs else {}, node.type)
+        copied = new_node(node_class)
+        init(copied, new, node.name, node.op, node.target, node.type)
+        copied._update_args_kwargs(map_arg(args, get) if args else (), map_arg(kwargs, get) if kwargs else {})
         meta = node.meta
         if type(meta) is dict and type(copied.meta) is dict and not copied.meta:
             copied.meta.update(meta)
