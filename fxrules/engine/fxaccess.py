@@ -686,6 +686,39 @@ def hooked_kinds_public(module: nn.Module) -> list:
     return [name.strip("_") for name in _HOOK_DICTS if getattr(module, name, None)]
 
 
+def plain_instance_fast(module: nn.Module, watched: frozenset, flags: tuple) -> bool:
+    """:func:`plain_instance_public` read from the instance's ``__dict__`` and its three member
+    dictionaries in one pass: asked once per module of the graph (6,000 at 20,000 nodes)."""
+    own = getattr(module, "__dict__", None)
+    if type(own) is not dict or "_forward_hooks" not in own:
+        return plain_instance_public(module, watched, flags)
+    if not watched.isdisjoint(own) or own["_forward_hooks"] or own.get("_forward_pre_hooks") \
+            or own.get("_backward_hooks") or own.get("_backward_pre_hooks"):
+        return False
+    for store in ("_parameters", "_buffers", "_modules"):
+        items = own.get(store)
+        if items:
+            for name in flags:
+                if name in items:
+                    return False
+    return True
+
+
+def plain_instance_public(module: nn.Module, watched: frozenset, flags: tuple) -> bool:
+    return watched.isdisjoint(vars(module)) and not hooked_kinds_public(module) \
+        and all(registered_member_public(module, name, _MISSING) is _MISSING for name in flags)
+
+
+_MISSING = object()
+
+
+def plain_instance(module: nn.Module, watched: frozenset, flags: tuple) -> bool:
+    """Whether ``module`` itself sets none of the ``watched`` names as instance attributes, has no hooks
+    of its own (:func:`hooked_kinds` empty) and registers none of ``flags`` as a parameter, buffer or
+    submodule (:func:`registered_member`)."""
+    return plain_instance_fast(module, watched, flags) if FAST else plain_instance_public(module, watched, flags)
+
+
 def hooked_kinds(module: nn.Module) -> list:
     """The kinds of hook registered on ``module`` itself (``forward_hooks``, ``forward_pre_hooks``,
     ``backward_hooks``, ``backward_pre_hooks``), in that order; empty when none is."""

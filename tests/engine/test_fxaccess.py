@@ -488,3 +488,34 @@ def test_hooked_kinds_fast_and_public_agree(register):
         getattr(module, register)(hook)
     expected = [] if register in ("none", "removed") else [register.replace("register_", "").replace("full_", "") + "s"]
     assert fxaccess.hooked_kinds_fast(module) == fxaccess.hooked_kinds_public(module) == expected
+
+
+@pytest.mark.parametrize("change", ["none", "forward_hook", "backward_pre_hook", "watched_attribute",
+                                    "flag_attribute", "flag_parameter", "flag_buffer", "flag_submodule",
+                                    "other_attribute", "other_buffer"])
+def test_plain_instance_fast_and_public_agree(change):
+    """A module is plain unless it sets a watched name itself, has a hook of its own or registers a
+    flag as a member; both paths say so alike."""
+    module = nn.Linear(2, 2)
+    watched, flags = frozenset({"forward", "inplace", "_is_impure"}), ("inplace", "_is_impure")
+    if change == "forward_hook":
+        module.register_forward_hook(lambda m, args, out: None)
+    elif change == "backward_pre_hook":
+        module.register_full_backward_pre_hook(lambda m, grad: None)
+    elif change == "watched_attribute":
+        module.forward = lambda x: x
+    elif change == "flag_attribute":
+        module.inplace = True
+    elif change == "flag_parameter":
+        module.register_parameter("inplace", nn.Parameter(torch.ones(1)))
+    elif change == "flag_buffer":
+        module.register_buffer("_is_impure", torch.ones(1))
+    elif change == "flag_submodule":
+        module.add_module("inplace", nn.ReLU())
+    elif change == "other_attribute":
+        module.note = "kept"
+    elif change == "other_buffer":
+        module.register_buffer("scale", torch.ones(1))
+    expected = change in ("none", "other_attribute", "other_buffer")
+    assert fxaccess.plain_instance_fast(module, watched, flags) is expected
+    assert fxaccess.plain_instance_public(module, watched, flags) is expected
