@@ -216,6 +216,39 @@ def create_node(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
     return (create_node_fast if FAST else create_node_public)(graph, op, target, args, kwargs, base_names)
 
 
+def misread_fast(graph: fx.Graph, nodes: Any) -> Optional[tuple]:
+    for node in nodes:
+        if node.graph is not graph or node._erased:
+            continue
+        key = node._sort_key
+        for used in node._input_nodes:
+            if used.graph is not graph or used._erased:
+                return node, used, False
+            if not used._sort_key < key:
+                return node, used, True
+    return None
+
+
+def misread_public(graph: fx.Graph, nodes: Any) -> Optional[tuple]:
+    for node in nodes:
+        if node.graph is not graph or erased_public(node):
+            continue
+        for used in node.all_input_nodes:
+            if used.graph is not graph or erased_public(used):
+                return node, used, False
+            if not used < node:
+                return node, used, True
+    return None
+
+
+def misread(graph: fx.Graph, nodes: Any) -> Optional[tuple]:
+    """The first of ``nodes`` that is in ``graph`` and reads a node that is not (``(node, used, False)``)
+    or that does not come before it (``(node, used, True)``); None when every one reads only earlier
+    nodes of the graph. Nodes not in the graph (erased, or of another graph) are passed over. What
+    ``Graph.lint`` checks of a node's inputs; asked by the commit for every node a rewrite changed."""
+    return misread_fast(graph, nodes) if FAST else misread_public(graph, nodes)
+
+
 class _QuietLookupTable:
     """Stands in for a graph's ``_find_nodes_lookup_table`` while the graph is recompiled.
 

@@ -396,15 +396,12 @@ class Workpiece:
         input at the cost of a quarter of a recompile (20,000 nodes). A changed node must be
         in the graph and read only nodes that are in the graph and come before it.
         """
-        graph = self.graph
-        for node in self.changed:
-            if node.graph is not graph or fxaccess.erased(node):
-                continue
-            for used in node.all_input_nodes:
-                if used.graph is not graph or fxaccess.erased(used):
-                    raise ModelError(f"node %{node.name} uses %{used.name}, which is not in the graph")
-                if not used < node:
-                    raise ModelError(f"node %{node.name} uses %{used.name} before it is computed")
+        found = fxaccess.misread(self.graph, self.changed)
+        if found is not None:
+            node, used, in_graph = found
+            if not in_graph:
+                raise ModelError(f"node %{node.name} uses %{used.name}, which is not in the graph")
+            raise ModelError(f"node %{node.name} uses %{used.name} before it is computed")
 
     def commit(self) -> fx.GraphModule:
         """Check what changed and build the one new GraphModule (the single recompile of the run)."""

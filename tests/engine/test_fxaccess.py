@@ -118,6 +118,41 @@ def test_erased_agrees(name):
 
 
 @pytest.mark.parametrize("name", ["resnet", "transformer"])
+def test_misread_agrees(name):
+    """Both paths find a node reading a later node, and one reading a node that is no longer in the
+    graph, and pass over changed nodes that are themselves erased; an untouched graph reads in order."""
+    gm = traced(MODELS[name])
+    graph = gm.graph
+    calls = [n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module") and n.args
+             and isinstance(n.args[0], fx.Node)]
+    for path in (fxaccess.misread_fast, fxaccess.misread_public, fxaccess.misread):
+        assert path(graph, list(graph.nodes)) is None
+    early, late = calls[0], calls[-1]
+    original = early.args
+    early.args = (late,) + tuple(early.args[1:])
+    for path in (fxaccess.misread_fast, fxaccess.misread_public):
+        assert path(graph, [calls[1], early]) == (early, late, True)
+    early.args = original  # in order again
+    with graph.inserting_before(calls[2]):
+        gone = graph.call_function(torch.neg, (calls[1].args[0],))
+    reader = calls[2]
+    original = reader.args
+    reader.args = (gone,) + tuple(reader.args[1:])
+    other = fx.Graph()
+    stranger = other.placeholder("x")
+    for path in (fxaccess.misread_fast, fxaccess.misread_public):
+        assert path(graph, [reader]) is None
+        assert path(graph, [stranger]) is None  # not this graph's: passed over
+    reader.args = original
+    graph.erase_node(gone)
+    made = graph.call_function(torch.neg, (calls[0],))
+    made.args = (gone,)  # reads an erased node
+    for path in (fxaccess.misread_fast, fxaccess.misread_public):
+        assert path(graph, [early, made]) == (made, gone, False)
+        assert path(graph, [gone]) is None  # an erased changed node: passed over
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer"])
 def test_sort_keys_order_nodes_alike(name):
     gm = traced(MODELS[name])
     graph = gm.graph
