@@ -249,7 +249,7 @@ def misread(graph: fx.Graph, nodes: Any) -> Optional[tuple]:
     return misread_fast(graph, nodes) if FAST else misread_public(graph, nodes)
 
 
-class _QuietLookupTable:
+class _QuietLookupTable(frozenset):
     """Stands in for a graph's ``_find_nodes_lookup_table`` while the graph is recompiled.
 
     ``Graph.python_code`` sets ``_repr_fn`` on every node twice (to name nodes in the
@@ -260,15 +260,18 @@ class _QuietLookupTable:
     ``insert`` and ``remove`` act on the real table; only membership answers no, which makes
     ``__setattr__`` skip the remove/insert. Code generation changes no node's op or target
     (the key), so the table is exactly as it was afterwards.
+
+    It is an empty frozenset, so that membership, asked for every ``_repr_fn`` set, is answered by
+    frozenset's own test (no Python call); every other attribute (a frozenset has none of the
+    table's: ``table``, ``insert``, ``remove``, ``find_nodes``, ``_key``) is the real table's.
     """
 
     __slots__ = ("_real",)
 
-    def __init__(self, real: Any):
-        self._real = real
-
-    def __contains__(self, node: Any) -> bool:
-        return False
+    def __new__(cls, real: Any) -> "_QuietLookupTable":
+        view = frozenset.__new__(cls)
+        view._real = real
+        return view
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
