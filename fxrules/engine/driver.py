@@ -470,6 +470,8 @@ def run_apply(model: Any, rule_set: RuleSet, *, example_inputs=None, max_iterati
     except BaseException:  # KeyboardInterrupt too: the caller's model goes back as it was
         destination.abandon(work)
         raise
+    finally:
+        work.close()  # freed now by reference counting, not left to the cyclic collector
     report = Report(tuple(applied), tuple(rejected), before, count_nodes(module.graph),
                     time.perf_counter() - start, tuple(work.notes))
     return RewriteResult(module, report, report.counts)

@@ -102,6 +102,13 @@ class Effects:
         self._may_draw: dict = {}  # call_function target -> whether some call of it may draw random numbers
         self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known)
 
+    def close(self) -> None:
+        """Drop the references that make this object and its aliasing a reference cycle (each holds
+        the other's bound methods), so reference counting frees them and their caches when the run
+        ends (see :meth:`fxrules.engine.transaction.Workpiece.close`); not used afterwards."""
+        self.aliasing = None
+        self.attr_of = self.module_of = None
+
     def _attr_through_modules(self, target: str) -> Any:
         """A get_attr target's value, found through ``module_of`` (its module, then the attribute)."""
         path, _, name = target.rpartition(".")
@@ -127,9 +134,7 @@ class Effects:
             watched = self._plain_classes[cls] = self._watched_names(cls)
         # a plain module (see _watched_names) whose instance sets none of the watched names, registers neither
         # flag as a member and has no hooks: every answer is the class's
-        if watched is not None and watched.isdisjoint(vars(module)) and not fxaccess.hooked_kinds(module) \
-                and fxaccess.registered_member(module, "inplace", _ABSENT) is _ABSENT \
-                and fxaccess.registered_member(module, fxaccess.IMPURE_MODULE_FLAG, _ABSENT) is _ABSENT:
+        if watched is not None and fxaccess.plain_instance(module, watched, _FLAGS):
             facts = _PLAIN_MODULE
         else:
             known = self._known_classes.get(cls)
@@ -497,15 +502,26 @@ class Effects:
         return known
 
     def _note_writer(self, node: fx.Node) -> None:
+        """``node`` (made, or given a new module) joins or leaves the writers and the random draws, asked
+        as :meth:`_scan` asks: a call to a function that writes only through ``inplace=``/``out=`` and has
+        no keywords, or to one that never draws, is settled by a lookup per target."""
+        call = node.op not in _NOT_CALLS
+        function = call and node.op == "call_function"
         entry = self._writer_nodes
         if entry is not None and node.graph is entry[0]:
-            if node.op not in _NOT_CALLS and self.mutated_inputs(node):
+            writes = call
+            if function and not node.kwargs:
+                try:
+                    writes = self._writes.get(node.target) != _WRITES_BY_KEYWORDS
+                except TypeError:  # an unhashable target: asked the long way
+                    pass
+            if writes and self.mutated_inputs(node):
                 entry[1][node] = None
             else:
                 entry[1].pop(node, None)
         entry = self._random
         if entry is not None and node.graph is entry[0]:
-            if node.op not in _NOT_CALLS and self.draws_random(node):
+            if call and (not function or self._function_may_draw(node.target)) and self.draws_random(node):
                 entry[1][node] = None
             else:
                 entry[1].pop(node, None)
@@ -597,6 +613,10 @@ class ModuleFacts(NamedTuple):
 
 _UNKNOWN = object()
 _NOTHING: frozenset = frozenset()
+_FLAGS = ("inplace", fxaccess.IMPURE_MODULE_FLAG)
+"""The two names by which a module says, as an attribute or a registered member, that it writes its
+input or has an effect (see :meth:`Effects.module_facts`)."""
+
 _PLAIN_MODULE = ModuleFacts(True, (), False, False, False, False)
 """The facts of a plain module (:meth:`Effects._watched_names`): known, no hooks, no flags, no state."""
 

@@ -370,6 +370,23 @@ class Workpiece:
             self.effects.module_replaced(self.callers_of(name))
         return name
 
+    def close(self) -> None:
+        """Let go of what the run kept for its checks: the effects (with their aliasing) and their caches,
+        the module and user indexes, the journal. They refer back to this workpiece through bound
+        methods (``Effects(self.module_of, ...)``), so otherwise this whole web, and whatever it holds
+        (the journal's saved states, module dictionaries and the modules a rewrite removed, the
+        per-module facts), would be garbage in reference cycles, left to the cyclic collector: one
+        traversal of all of it when ``apply_rules`` lets the collector run again (at 20,000 nodes,
+        tens of milliseconds; in place on conv+bn folding, more). Dropped here, reference counting
+        frees it at once. The driver calls it when a run has ended, after the commit or the rollback;
+        the workpiece is not used again."""
+        effects = self.effects
+        if effects is not None:
+            effects.close()
+        self.effects = None
+        self.journal = UNRECORDED
+        self._lookup = self._modules = self._callers = self._read_below = self._taken = None
+
     # -- commit ----------------------------------------------------------------
     def check_changed(self) -> None:
         """What ``Graph.lint`` checks, for the nodes this run created or rewired.
@@ -378,15 +395,12 @@ class Workpiece:
         input at the cost of a quarter of a recompile (20,000 nodes). A changed node must be
         in the graph and read only nodes that are in the graph and come before it.
         """
-        graph = self.graph
-        for node in self.changed:
-            if node.graph is not graph or fxaccess.erased(node):
-                continue
-            for used in node.all_input_nodes:
-                if used.graph is not graph or fxaccess.erased(used):
-                    raise ModelError(f"node %{node.name} uses %{used.name}, which is not in the graph")
-                if not used < node:
-                    raise ModelError(f"node %{node.name} uses %{used.name} before it is computed")
+        found = fxaccess.misread(self.graph, self.changed)
+        if found is not None:
+            node, used, in_graph = found
+            if not in_graph:
+                raise ModelError(f"node %{node.name} uses %{used.name}, which is not in the graph")
+            raise ModelError(f"node %{node.name} uses %{used.name} before it is computed")
 
     def commit(self) -> fx.GraphModule:
         """Check what changed and build the one new GraphModule (the single recompile of the run)."""

@@ -118,6 +118,41 @@ def test_erased_agrees(name):
 
 
 @pytest.mark.parametrize("name", ["resnet", "transformer"])
+def test_misread_agrees(name):
+    """Both paths find a node reading a later node, and one reading a node that is no longer in the
+    graph, and pass over changed nodes that are themselves erased; an untouched graph reads in order."""
+    gm = traced(MODELS[name])
+    graph = gm.graph
+    calls = [n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module") and n.args
+             and isinstance(n.args[0], fx.Node)]
+    for path in (fxaccess.misread_fast, fxaccess.misread_public, fxaccess.misread):
+        assert path(graph, list(graph.nodes)) is None
+    early, late = calls[0], calls[-1]
+    original = early.args
+    early.args = (late,) + tuple(early.args[1:])
+    for path in (fxaccess.misread_fast, fxaccess.misread_public):
+        assert path(graph, [calls[1], early]) == (early, late, True)
+    early.args = original  # in order again
+    with graph.inserting_before(calls[2]):
+        gone = graph.call_function(torch.neg, (calls[1].args[0],))
+    reader = calls[2]
+    original = reader.args
+    reader.args = (gone,) + tuple(reader.args[1:])
+    other = fx.Graph()
+    stranger = other.placeholder("x")
+    for path in (fxaccess.misread_fast, fxaccess.misread_public):
+        assert path(graph, [reader]) is None
+        assert path(graph, [stranger]) is None  # not this graph's: passed over
+    reader.args = original
+    graph.erase_node(gone)
+    made = graph.call_function(torch.neg, (calls[0],))
+    made.args = (gone,)  # reads an erased node
+    for path in (fxaccess.misread_fast, fxaccess.misread_public):
+        assert path(graph, [early, made]) == (made, gone, False)
+        assert path(graph, [gone]) is None  # an erased changed node: passed over
+
+
+@pytest.mark.parametrize("name", ["resnet", "transformer"])
 def test_sort_keys_order_nodes_alike(name):
     gm = traced(MODELS[name])
     graph = gm.graph
@@ -490,3 +525,34 @@ def test_hooked_kinds_fast_and_public_agree(register):
         getattr(module, register)(hook)
     expected = [] if register in ("none", "removed") else [register.replace("register_", "").replace("full_", "") + "s"]
     assert fxaccess.hooked_kinds_fast(module) == fxaccess.hooked_kinds_public(module) == expected
+
+
+@pytest.mark.parametrize("change", ["none", "forward_hook", "backward_pre_hook", "watched_attribute",
+                                    "flag_attribute", "flag_parameter", "flag_buffer", "flag_submodule",
+                                    "other_attribute", "other_buffer"])
+def test_plain_instance_fast_and_public_agree(change):
+    """A module is plain unless it sets a watched name itself, has a hook of its own or registers a
+    flag as a member; both paths say so alike."""
+    module = nn.Linear(2, 2)
+    watched, flags = frozenset({"forward", "inplace", "_is_impure"}), ("inplace", "_is_impure")
+    if change == "forward_hook":
+        module.register_forward_hook(lambda m, args, out: None)
+    elif change == "backward_pre_hook":
+        module.register_full_backward_pre_hook(lambda m, grad: None)
+    elif change == "watched_attribute":
+        module.forward = lambda x: x
+    elif change == "flag_attribute":
+        module.inplace = True
+    elif change == "flag_parameter":
+        module.register_parameter("inplace", nn.Parameter(torch.ones(1)))
+    elif change == "flag_buffer":
+        module.register_buffer("_is_impure", torch.ones(1))
+    elif change == "flag_submodule":
+        module.add_module("inplace", nn.ReLU())
+    elif change == "other_attribute":
+        module.note = "kept"
+    elif change == "other_buffer":
+        module.register_buffer("scale", torch.ones(1))
+    expected = change in ("none", "other_attribute", "other_buffer")
+    assert fxaccess.plain_instance_fast(module, watched, flags) is expected
+    assert fxaccess.plain_instance_public(module, watched, flags) is expected
