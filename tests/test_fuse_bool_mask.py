@@ -18,6 +18,7 @@ from torch import nn
 from torch.testing import assert_close
 
 import fxrules
+from tests.test_fuse import _fuse
 
 EXPORT_RULES = fxrules.load_rules(fxrules.LIBRARY / "aten", fxrules.LIBRARY / "fuse")
 TRACE_RULES = fxrules.load_rules(fxrules.LIBRARY / "cleanup", fxrules.LIBRARY / "fuse")
@@ -120,13 +121,7 @@ def _exported(model, inputs):
 
 
 def _traced(model, inputs):
-    model.eval()
-    with torch.no_grad():
-        reference = model(*inputs)
-    result = fxrules.apply_rules(model, TRACE_RULES, example_inputs=inputs)
-    with torch.no_grad():
-        got = result.module(*inputs)
-    return result, reference, got
+    return _fuse(model, inputs, TRACE_RULES)
 
 
 NEW_ATEN = {WhereMulScale: "aten_sdpa_where_mul_scale", WhereDivScaleMask: "aten_sdpa_where_div_scale_mask",
