@@ -168,17 +168,24 @@ def _load() -> str:
 def verify_rows(root: Path, jobs: Sequence[int], examples: int, seed: int, cache: str) -> list[Row]:
     env = _environment(root, cache)
     library = root / "fxrules" / "library"
-    rows, first = [], None
+    rows, first, reference = [], None, []
     for n in jobs:
         before = _load()
         seconds, out = _timed([sys.executable, "-m", "fxrules", "verify", str(library), "--seed", str(seed),
                                "--max-examples", str(examples), "--no-database", "--format", "json", "-j", str(n)],
                               env, root)
-        counts = json.loads(out)["counts"] if out.strip() else {}
-        first = first or seconds
+        report = json.loads(out) if out.strip() else {"counts": {}, "rules": []}
+        # What must not depend on N: each rule's grade and host counts, in rule order.
+        verdicts = [(r["rule"], r["grade"], r["hosts_checked"], r["hosts_discarded"], r["hosts_discarded_by"])
+                    for r in report["rules"]]
+        if first is None:
+            first, reference = seconds, verdicts
+        differ = sum(a != b for a, b in zip(verdicts, reference)) + abs(len(verdicts) - len(reference))
+        same = "the same as the first row" if not differ else f"{differ} rules differ from the first row"
         rows.append(Row(f"verify LIBRARY -j {n}", seconds, 1,
                         f"speed-up {first / seconds:.2f}x; load before {before}, after {_load()}; "
-                        f"{', '.join(f'{v} {k}' for k, v in counts.items() if v)}"))
+                        f"{', '.join(f'{v} {k}' for k, v in report['counts'].items() if v)}; "
+                        f"grades and host counts {same}"))
     return rows
 
 
