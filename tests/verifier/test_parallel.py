@@ -47,22 +47,55 @@ def test_jobs_gives_the_verdicts_of_one_process_in_rule_order():
     assert [s[0] for s in seen[:-1]] == [1, 2, 3]
 
 
-LITERALS = "\n".join(f"VALUE_{i} = ({i * 7919 % 1000}, {i / 7.0!r}, {-(i * 104729 % 4096)})" for i in range(300))
+WIDE_LITERALS = "\n".join(f"VALUE_{i} = {(i * 2654435761) % 2**32}" for i in range(400))
 
 
-@pytest.mark.slow
+def _seeded_draws() -> list:
+    """What a seeded hypothesis run draws for a wide integer (as a host's seed is drawn)."""
+    from hypothesis import given, seed, settings, strategies as st
+
+    drawn = []
+
+    @seed(7)
+    @settings(max_examples=300, database=None, derandomize=False)
+    @given(st.integers(0, 2**32))
+    def record(value):
+        drawn.append(value)
+
+    record()
+    return drawn
+
+
 def test_draws_do_not_depend_on_the_modules_a_process_has_loaded(tmp_path, monkeypatch):
     """Hypothesis harvests literals from every local module loaded and mixes them into its draws; a worker
-    process, the command line and the Python API load different modules. A fixed seed must draw the same
-    hosts however many local modules (with however many literals) are loaded."""
-    options = dict(names=["mul_one"], max_examples=20, seed=3, database=None)
-    before = _counts(verify(CLEANUP, **options))
-    (tmp_path / "many_literals_for_fxrules.py").write_text(LITERALS + "\n")
+    process, the command line and the Python API load different modules. Within
+    ``draws_independent_of_loaded_modules`` a fixed seed draws the same values however many local modules (with
+    however many literals) are loaded; outside it, loading one changes the draws (what -j N tripped on)."""
+    from fxrules.verifier.driver import draws_independent_of_loaded_modules
+
+    with draws_independent_of_loaded_modules():
+        guarded_before = _seeded_draws()
+    plain_before = _seeded_draws()
+    (tmp_path / "many_literals_for_fxrules.py").write_text(WIDE_LITERALS + "\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "many_literals_for_fxrules", raising=False)
     __import__("many_literals_for_fxrules")
-    after = _counts(verify(CLEANUP, **options))
-    assert after == before
+    with draws_independent_of_loaded_modules():
+        assert _seeded_draws() == guarded_before
+    assert _seeded_draws() != plain_before  # the harvest is real: the guard is what keeps the draws fixed
+
+
+def test_verify_never_consults_the_harvested_pool(monkeypatch):
+    """Every draw of ``verify`` is made with the harvest switched off (a verify that bypassed the guard
+    would call it for each test case)."""
+    from hypothesis.internal.conjecture import providers
+
+    calls = []
+    harvest = providers._get_local_constants
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: calls.append(1) or harvest())
+    report = verify(CLEANUP, names=["mul_one"], max_examples=8, seed=3, database=None)
+    assert report.verdicts[0].hosts_checked > 0
+    assert calls == []
 
 
 def test_hypothesis_still_has_the_harvest_that_verify_empties():
