@@ -989,6 +989,101 @@ class Kept(NamedTuple):
     calls: dict
 
 
+class ReplacementValues:
+    """What a replacement's items stand for in a match, resolved one way for both readers of a program's
+    replacements: :func:`kept_nodes` (the planner's prediction, before the graph is edited) and the
+    transaction's writer (the edit). Captures and ``as`` names are what the match bound; literals are
+    themselves; sequences are built with ``*$xs`` spliced in; a shared node (``CALL as name``) is
+    resolved once and its later uses (``RRef``) are that value; a call's arguments are the rule's, or the
+    root's own when the rule forwards them (``...``). What a call and a computed value (``{...}``) are is
+    the reader's: :meth:`call` and :meth:`computed_value`."""
+
+    def __init__(self, match: Match):
+        self.match = match
+        self.env = match.bindings
+        self.shared: dict = {}  # name -> the value of the replacement's `CALL as name`
+
+    def value(self, item: Any) -> Any:
+        kind = type(item)  # the R* classes are final (frozen, slotted)
+        if kind is RValue:
+            return (self.env.captures if item.is_capture else self.env.names)[item.name]
+        if kind is RCall:
+            return self.call(item)
+        if kind is RLiteral:
+            return item.value
+        if kind is RSeq:
+            return item.kind(self.values(item.items))
+        if kind is RComputed:
+            return self.computed_value(item)
+        if kind is RShared:  # built once; its later uses (RRef) are this value
+            result = self.shared[item.name] = self.value(item.inner)
+            return result
+        if kind is RRef:
+            return self.shared[item.name]
+        raise AssertionError(item)  # pragma: no cover
+
+    def values(self, items: tuple) -> list:
+        """The values of argument or list items, with ``*$xs`` (RSplat) spliced in."""
+        out: list = []
+        for i in items:
+            if type(i) is RSplat:
+                out.extend(self.env.captures[i.name])
+            else:
+                out.append(self.value(i))
+        return out
+
+    def arguments(self, item: RCall, root: fx.Node) -> tuple:
+        """A replacement call's ``(args, kwargs)``: the rule's (with the match's rest arguments appended
+        where the rule asks for them), or the root's own when the rule gives none."""
+        if item.args is None:
+            return tuple(root.args), dict(root.kwargs)
+        value = self.value
+        args = tuple(self.values(item.args))
+        kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
+        if item.rest and self.env.rest is not None:
+            args = args + tuple(self.env.rest[0])
+            kwargs.update(self.env.rest[1])
+        return args, kwargs
+
+    def call(self, item: RCall) -> Any:
+        raise NotImplementedError
+
+    def computed_value(self, item: RComputed) -> Any:
+        raise NotImplementedError
+
+
+class _KeptPredictor(ReplacementValues):
+    """:func:`kept_nodes`' reader: a call is the matched node it computes again, or a new node (a fresh
+    ``object()``); a computed value is unknown here (a fresh ``object()``); every graph value a call reads,
+    and every value the replacement returns, is noted in ``found``."""
+
+    def __init__(self, match: Match):
+        super().__init__(match)
+        self.found: dict = {}
+        self.calls: dict = {}  # id(RCall) -> the matched node it computes again
+
+    def call(self, item: RCall) -> Any:
+        root = self.match.roots[item.root_index]
+        args, kwargs = self.arguments(item, root)
+        _collect_nodes(args, self.found)  # what the call reads stays (forwarded root arguments included)
+        _collect_nodes(kwargs, self.found)
+        if item.op == "call_module":
+            if type(item.target) is not RReuse:
+                return object()  # a module the rule makes: always a new node
+            target = self.env.names[item.target.name].target
+        else:
+            target = item.target
+        node = matched_equal(self.match, item.op, target, args, kwargs)
+        if node is None:
+            return object()  # a new node
+        self.calls[id(item)] = node
+        self.found[node] = None
+        return node
+
+    def computed_value(self, item: RComputed) -> Any:
+        return object()  # its value is computed when the rule is applied: unknown here
+
+
 def kept_nodes(match: Match) -> Kept:
     """The matched nodes (not roots) a rewrite of ``match`` keeps, decided before the graph is edited:
 
@@ -1003,80 +1098,20 @@ def kept_nodes(match: Match) -> Kept:
     - the matched nodes those read, transitively (a kept node's inputs keep a user).
 
     Every other matched node is left without users and erased."""
-    env = match.bindings
-    roots = match.roots
-    shared: dict = {}
-    kept_calls: dict = {}
-    found: dict = {}
-
-    def values(items: tuple) -> list:
-        out: list = []
-        for item in items:
-            if type(item) is RSplat:
-                out.extend(env.captures[item.name])
-                _collect_nodes(env.captures[item.name], found)
-            else:
-                out.append(value(item))
-        return out
-
-    def value(item: Any) -> Any:
-        kind = type(item)
-        if kind is RValue:
-            found_value = (env.captures if item.is_capture else env.names)[item.name]
-            _collect_nodes(found_value, found)  # only matched nodes count (below)
-            return found_value
-        if kind is RCall:
-            return call(item)
-        if kind is RLiteral:
-            return item.value
-        if kind is RSeq:
-            return item.kind(values(item.items))
-        if kind is RComputed:
-            return object()  # its value is computed when the rule is applied: unknown here
-        if kind is RShared:
-            result = shared[item.name] = value(item.inner)
-            return result
-        if kind is RRef:
-            return shared[item.name]
-        raise AssertionError(item)  # pragma: no cover
-
-    def call(item: RCall) -> Any:
-        root = roots[item.root_index]
-        if item.args is None:
-            args, kwargs = tuple(root.args), dict(root.kwargs)
-        else:
-            args = tuple(values(item.args))
-            kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
-            if item.rest and env.rest is not None:
-                args = args + tuple(env.rest[0])
-                kwargs.update(env.rest[1])
-        _collect_nodes(args, found)  # what the call reads stays (forwarded root arguments included)
-        _collect_nodes(kwargs, found)
-        if item.op == "call_module":
-            if type(item.target) is not RReuse:
-                return object()  # a module the rule makes: always a new node
-            target = env.names[item.target.name].target
-        else:
-            target = item.target
-        node = matched_equal(match, item.op, target, args, kwargs)
-        if node is None:
-            return object()  # a new node
-        kept_calls[id(item)] = node
-        found[node] = None
-        return node
-
+    predictor = _KeptPredictor(match)
     for replacement in match.program.replacements:
-        value(replacement)
-    matched = env.nodes
+        _collect_nodes(predictor.value(replacement), predictor.found)  # what the replacement returns stays
+    matched = match.bindings.nodes
+    roots = match.roots
     kept: set = set()
-    stack = [n for n in found if n in matched and n not in roots]
+    stack = [n for n in predictor.found if n in matched and n not in roots]
     while stack:
         node = stack.pop()
         if node in kept:
             continue
         kept.add(node)
         stack.extend(n for n in node.all_input_nodes if n in matched and n not in roots)
-    return Kept(frozenset(kept), kept_calls)
+    return Kept(frozenset(kept), predictor.calls)
 
 
 def matched_equal(match: Match, op: str, target: Any, args: tuple, kwargs: dict) -> Optional[fx.Node]:

@@ -36,8 +36,7 @@ from fxrules.engine.errors import ModelError
 from fxrules.engine.inspection import apply_settlement
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
-from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat,
-                                   RValue, graph_constant)
+from fxrules.engine.program import RBuilder, RCall, RComputed, RNewModule, RReuse, graph_constant
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
 
@@ -592,11 +591,13 @@ class _Refusal:
     reason: str
 
 
-class _ReplacementWriter:
+class _ReplacementWriter(planner.ReplacementValues):
+    """The transaction's reader of a replacement (:class:`planner.ReplacementValues`): a call is a new node
+    (or the matched node it computes again), a computed value is what :meth:`compute_values` found."""
+
     def __init__(self, work: Workpiece, match: Match):
+        super().__init__(match)
         self.work = work
-        self.match = match
-        self.env = match.bindings
         self.created: list[fx.Node] = []
         self.meta_source: fx.Node = match.roots[0]
         self.reused_names: set[str] = set()
@@ -605,7 +606,6 @@ class _ReplacementWriter:
         self.kept: list[fx.Node] = []  # matched nodes the replacement uses as they are (matched_equal)
         self.dry_values: dict = {}  # id(RCall) -> its value from the dry run (guards.DryRun): new nodes' meta['val']
         self.computed: dict = {}  # id(RComputed) -> its value (compute_values)
-        self.shared: dict = {}  # name -> the node a replacement's `CALL as name` built
 
     def compute_values(self) -> None:
         """Evaluate the replacement's computed values (``{...}``), before modules are made and the graph
@@ -682,47 +682,13 @@ class _ReplacementWriter:
             return _Refusal(f"${capture} holds graph values, not constants")
         return value
 
-    def value(self, item: Any) -> Any:
-        kind = type(item)  # the R* classes are final (frozen, slotted)
-        if kind is RValue:
-            return (self.env.captures if item.is_capture else self.env.names)[item.name]
-        if kind is RCall:
-            return self.call(item)
-        if kind is RLiteral:
-            return item.value
-        if kind is RSeq:
-            return item.kind(self.values(item.items))
-        if kind is RComputed:
-            return self.computed[id(item)]
-        if kind is RShared:  # built once; its later uses (RRef) are this node
-            node = self.shared[item.name] = self.value(item.inner)
-            return node
-        if kind is RRef:
-            return self.shared[item.name]
-        raise AssertionError(item)  # pragma: no cover
-
-    def values(self, items: tuple) -> list:
-        """The values of argument or list items, with ``*$xs`` (RSplat) spliced in."""
-        out: list = []
-        for i in items:
-            if type(i) is RSplat:
-                out.extend(self.env.captures[i.name])
-            else:
-                out.append(self.value(i))
-        return out
+    def computed_value(self, item: RComputed) -> Any:
+        return self.computed[id(item)]
 
     def call(self, item: RCall) -> fx.Node:
         root = self.match.roots[item.root_index]
         self.meta_source = root
-        if item.args is None:
-            args, kwargs = tuple(root.args), dict(root.kwargs)
-        else:
-            value = self.value
-            args = tuple(self.values(item.args))
-            kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
-            if item.rest and self.env.rest is not None:
-                args = args + tuple(self.env.rest[0])
-                kwargs.update(self.env.rest[1])
+        args, kwargs = self.arguments(item, root)
         # Not Graph.call_module: it looks the new name up in the graph's owning module (set for
         # graphs from torch.export), where new modules are not yet (they join at commit).
         target = self.module_target(item, root) if item.op == "call_module" else item.target
