@@ -19,3 +19,50 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# -- fxrules' code writer, checked against torch's on every graph the suite commits ---------------
+#
+# fxrules writes a committed graph's Python source itself (fxrules/engine/codegen.py), promising the
+# text, globals and line map torch.fx's own writer makes. Every graph any test commits is written
+# by both here, and a difference fails the test that committed it. tests/engine/test_codegen.py
+# tests the writer directly, on purpose-made graphs and random ones.
+
+import pytest  # noqa: E402
+
+
+def same_python_code(graph):
+    """fxrules' source for ``graph`` (or None where it defers to torch), after checking it equals
+    torch.fx's own ``Graph.python_code(graph, "self")``."""
+    from torch import fx
+
+    from fxrules.engine import codegen
+
+    ours = _write_python_code(graph)
+    if ours is None:
+        return None
+    theirs = fx.Graph.python_code(graph, "self")
+    assert ours.src == theirs.src, f"fxrules wrote different source:\n{ours.src}\n--- torch.fx wrote:\n{theirs.src}"
+    assert list(ours.globals) == list(theirs.globals), (list(ours.globals), list(theirs.globals))
+    for name, value in theirs.globals.items():
+        assert ours.globals[name] is value, f"global {name}: {ours.globals[name]!r} is not {value!r}"
+    assert ours._lineno_map == theirs._lineno_map
+    assert ours._prologue_start == theirs._prologue_start
+    del codegen
+    return ours
+
+
+_write_python_code = None
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _cross_check_the_code_writer():
+    global _write_python_code
+    from fxrules.engine import codegen
+
+    _write_python_code = codegen.python_code
+    codegen.python_code = same_python_code
+    try:
+        yield
+    finally:
+        codegen.python_code = _write_python_code

@@ -42,6 +42,8 @@ from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch._subclasses.fake_tensor import FakeTensorMode as _FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
 
+from fxrules.engine import codegen
+
 WRITTEN_FOR = ("2.13",)
 """The torch releases (major.minor) whose internals the fast paths were written and tested against."""
 
@@ -299,6 +301,53 @@ def quiet_lookup_table(graph: fx.Graph) -> contextlib.AbstractContextManager:
     """A context in which to recompile ``graph`` (set it as a GraphModule's graph) faster; the graph
     is the same afterwards either way."""
     return quiet_lookup_table_fast(graph) if FAST else quiet_lookup_table_public(graph)
+
+
+_WRITER_OPTIONS = {"verbose": False, "include_stride": False, "include_device": False, "colored": False,
+                   "expanded_def": False, "record_func": False, "additional_meta": None}
+"""``Graph.python_code``'s keyword arguments at their defaults: the only call fxrules' writer answers."""
+
+
+@contextlib.contextmanager
+def recompiling_fast(graph: fx.Graph) -> Iterator[None]:
+    """``GraphModule.recompile`` asks ``graph.python_code(root_module="self", record_func=...)`` for
+    the source; for that one call, the graph's own ``python_code`` is :func:`fxrules.engine.codegen.python_code`
+    (the same text, written in a third of the time), falling back to the class's method for any
+    other call or any graph that writer does not handle. The instance attribute is removed again
+    on the way out, so the graph is as it was; the lookup table is quiet as well, for the fallback."""
+    method = type(graph).python_code
+    if method is not fx.Graph.python_code or "python_code" in graph.__dict__:  # a subclass's own writer
+        with quiet_lookup_table_fast(graph):
+            yield
+        return
+
+    def python_code(root_module: str, **options: Any) -> Any:
+        if root_module == "self" and all(_WRITER_OPTIONS.get(k, _ABSENT_OPTION) == v for k, v in options.items()):
+            written = codegen.python_code(graph)
+            if written is not None:
+                return written
+        return method(graph, root_module, **options)
+
+    graph.python_code = python_code
+    try:
+        with quiet_lookup_table_fast(graph):
+            yield
+    finally:
+        del graph.python_code
+
+
+def recompiling_public(graph: fx.Graph) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def recompiling(graph: fx.Graph) -> contextlib.AbstractContextManager:
+    """A context in which to recompile ``graph`` (``GraphModule.recompile``, or setting it as a
+    GraphModule's graph) faster: its source written by :mod:`fxrules.engine.codegen` and its lookup
+    table quiet. The module's code and the graph are the same afterwards as torch's recompile makes them."""
+    return recompiling_fast(graph) if FAST else recompiling_public(graph)
+
+
+_ABSENT_OPTION = object()
 
 
 def release_owner_fast(graph: fx.Graph) -> None:

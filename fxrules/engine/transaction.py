@@ -436,7 +436,7 @@ class Workpiece:
         if journal.unused:
             _delete_unused(module, self.modules, self.graph, journal)
         journal.recompiling(module)
-        with fxaccess.quiet_lookup_table(self.graph):
+        with fxaccess.recompiling(self.graph):
             module.recompile()
         return module
 
@@ -540,7 +540,7 @@ def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[
             fxaccess.put_buffer(parent, field, value)
         else:
             fxaccess.put_parameter(parent, field, value)
-    with fxaccess.quiet_lookup_table(graph):
+    with fxaccess.recompiling(graph):
         module.graph = graph  # the one recompile
     return module
 
