@@ -64,6 +64,7 @@ import torch
 from torch import fx
 
 import fxrules
+from fxrules.engine import fxaccess
 from fxrules.engine.program import compile_rules
 from fxrules.engine.transaction import copy_graph
 
@@ -174,6 +175,7 @@ class Row:
     cells: dict
     floor_scan: Optional[float] = None
     floor_recompile: Optional[float] = None
+    fx_recompile: Optional[float] = None  # the same recompile with fxrules' source writer (engine.codegen)
     floor_mutation: Optional[float] = None  # the rewrites' create/rewire/erase at torch.fx's unit costs
     floor_build: Optional[float] = None  # building the modules the rewrites need (Workload.builds)
     builds: Optional[int] = None  # how many
@@ -293,6 +295,7 @@ class Bench:
 
             timers["scan"] = (scan, same, None)
             timers["recompile"] = (lambda gm: gm.recompile(), same, None)
+            timers["fx_recompile"] = (_fxrules_recompile, same, None)
             if w.builds is not None:
                 builder, calls = w.builds(g.gm)
                 row.builds = len(calls)
@@ -337,6 +340,7 @@ class Bench:
                     row.peak[tool] = peak_memory(timers[tool][0], make)
         if "floor" in self.tools:
             row.floor_scan, row.floor_recompile = cells["scan"].seconds, cells["recompile"].seconds
+            row.fx_recompile = cells["fx_recompile"].seconds
             row.floor_build = cells["build"].seconds if "build" in cells else None
             key = (g.family, g.depth)
             if key not in self.graph_copy:  # informative, and the same for every workload on this graph
@@ -432,7 +436,7 @@ class Bench:
 
     def table(self) -> str:
         head = ("| workload | graph | nodes | fxrules ms | inplace ms | replace_pattern ms | inductor ms | floor ms "
-                "| copy ms | fxrules/floor | inplace/floor | replace_pattern/fxrules | inductor/fxrules "
+                "| copy ms | recompile ms torch/fxrules | fxrules/floor | inplace/floor | replace_pattern/fxrules | inductor/fxrules "
                 "| peak MB fx/ip/rp/ind | rewrites fx/ip/rp/ind | check |")
         lines = [head, "|" + "---|" * (head.count("|") - 1)]
         for r in self.rows:
@@ -441,7 +445,8 @@ class Bench:
             peaks = "/".join(_mb(r.peak[t]) if t in r.peak else "-" for t in RUNNERS)
             lines.append(
                 f"| {r.workload} | {r.family} | {r.nodes} | {fx_c.show()} | {ip_c.show()} | {rp_c.show()} "
-                f"| {ind_c.show()} | {_ms(r.floor)} | {_ms(r.graph_copy)} | {_ratio(fx_c.seconds, r.floor)} "
+                f"| {ind_c.show()} | {_ms(r.floor)} | {_ms(r.graph_copy)} | {_ms(r.floor_recompile)}/{_ms(r.fx_recompile)} "
+                f"| {_ratio(fx_c.seconds, r.floor)} "
                 f"| {_ratio(ip_c.seconds, r.floor)} | {_ratio(rp_c.seconds, fx_c.seconds)} "
                 f"| {_ratio(ind_c.seconds, fx_c.seconds)} | {peaks} | {rewrites} | {'FAIL' if r.failures else 'ok'} |")
         return "\n".join(lines)
@@ -468,6 +473,7 @@ class Bench:
             "rows": [{
                 "workload": r.workload, "family": r.family, "nodes": r.nodes,
                 "floor_scan_s": r.floor_scan, "floor_recompile_s": r.floor_recompile,
+                "fxrules_recompile_s": r.fx_recompile,
                 "floor_mutation_s": r.floor_mutation, "floor_build_s": r.floor_build, "builds": r.builds,
                 "graph_copy_s": r.graph_copy, "fxrules_phases_s": r.phases,
                 "peak_bytes": r.peak,
@@ -500,6 +506,13 @@ def peak_memory(fn: Callable[[Any], Any], make_input: Callable[[], Any]) -> int:
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def _fxrules_recompile(gm: fx.GraphModule) -> None:
+    """``gm.recompile()`` as fxrules' commit runs it: the source written by ``fxrules.engine.codegen``
+    (the same text as torch.fx's writer; the floor keeps torch's)."""
+    with fxaccess.recompiling(gm.graph):
+        gm.recompile()
 
 
 def edit_unit_costs(gm: fx.GraphModule, count: int = 2000) -> tuple[float, float, float]:
