@@ -40,7 +40,9 @@ The property, by contract:
     reference): where the rewrite differs only at such elements the host is discarded with
     :attr:`DiscardReason.ORIGINAL_OVERFLOWS`, counted in ``hosts_discarded_by``, never passed
     as checked. Non-finite inputs (drawn on purpose) are compared as before, and a rewrite
-    that makes a finite original output inf or NaN is still a counterexample.
+    that makes a finite original output inf or NaN is still a counterexample. Where both the original
+    and the rewrite give a non-finite element (inf of either sign, or NaN) they agree: which of them
+    a computation in another order overflows to depends on the order, which ``approx`` allows.
 ``changes``
     the rewritten model runs; the verdict says whether shapes were kept.
 
@@ -472,7 +474,10 @@ def _judge(a: torch.Tensor, b: torch.Tensor, ref: Optional[torch.Tensor], spread
     in_float64 = referenced or a.dtype == torch.float64
     # any NaN equals any NaN (assert_close's equal_nan above): where both models give NaN they agree, and a
     # NaN in the reference (an inf input) must not make the budget NaN, which failed every comparison
-    agree = (torch.isnan(new) & torch.isnan(old)) | (new == old)
+    # and where both are non-finite (inf of either sign, or NaN) they agree too: a value computed in another
+    # order overflows to +inf, -inf or NaN depending on which partial result overflowed first (a fold scales
+    # each product where the original scales the sum); a finite value on one side only is still judged
+    agree = (~torch.isfinite(new) & ~torch.isfinite(old)) | (new == old)
     new_error = torch.where(agree, 0.0, (new - truth).abs()).nan_to_num(nan=float("inf"))
     old_error = float(torch.where(agree, 0.0, (old - truth).abs()).nan_to_num(nan=float("inf")).max()) \
         if referenced else 0.0

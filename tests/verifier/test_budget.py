@@ -89,6 +89,29 @@ def test_conv1d_bn_original_overflowing_in_float64_is_discarded_not_failed():
     assert DiscardReason.ORIGINAL_OVERFLOWS == "original-overflows"
 
 
+def test_conv2d_bn_both_overflowing_to_different_infinities_agree():
+    """aten_fold_conv2d_bn, float64, groups 2, on a host whose other elements hold -inf inputs: the original's
+    sum of products is finite and its BN scale (-2.2e307) overflows it to +inf; the fold scales each product
+    first and overflows to -inf (the host the verifier drew, element [0, 2, 0, 0]). Both non-finite: they
+    agree. A finite element on one side only is still judged, with or without non-finite inputs."""
+    x = torch.tensor([2.247116e307, 2.247116e307], dtype=torch.float64)
+    w = torch.tensor([0.030648, -0.430965], dtype=torch.float64)
+    scale = torch.tensor(-2.247116e307, dtype=torch.float64) / 0.78
+    before = (x * w).sum() * scale  # finite sum, then inf
+    after = (x * (w * scale)).sum()  # -inf + inf or -inf: non-finite
+    assert torch.isinf(before) and not torch.isfinite(after)
+    both = torch.stack([before, torch.tensor(1.0, dtype=torch.float64)])
+    assert _judge(torch.stack([after, torch.tensor(1.0, dtype=torch.float64)]), both, None) == "close"
+    assert _judge(torch.stack([-before, torch.tensor(1.0, dtype=torch.float64)]), both, None) == "close"
+    # a finite original made inf, or an inf made finite, is caught whatever the inputs
+    finite = torch.tensor([3.0, 1.0], dtype=torch.float64)
+    assert _judge(torch.tensor([float("inf"), 1.0], dtype=torch.float64), finite, None) == "far"
+    assert _judge(finite, torch.tensor([float("-inf"), 1.0], dtype=torch.float64), None) == "far"
+    assert _judge(torch.tensor([float("nan"), 1.0], dtype=torch.float64), finite, None) == "far"
+    # [exact] still compares the bits: +inf is not -inf
+    assert compare(torch.tensor([float("inf")]), torch.tensor([float("-inf")]), "exact").problem is not None
+
+
 class _Dot(nn.Module):
     """A 1-wide convolution's sum over its last dim, then batch norm's scale ``gamma`` (None: already folded)."""
 

@@ -349,3 +349,20 @@ def test_approx_reference_comparison_is_not_failed_by_a_nan_both_models_agree_on
     broken = rewritten.clone()
     broken[1] = float("nan")
     assert compare([original], [broken], "approx", [reference]).problem is not None
+
+
+def test_convolutions_that_crash_torch_are_not_run():
+    """torch 2.13's CPU convolution segfaults (it does not raise) on these dilated inputs; a host drawing
+    one is discarded unrun. Each configuration below crashed a process here."""
+    from fxrules.verifier.hosts import _crashes_torch
+
+    half = torch.randn(4, 4, 2, 1).half()
+    channels_last = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last)
+    assert _crashes_torch("aten.conv2d.default", [half], [1, 2])
+    assert _crashes_torch("Conv2d", half, 2)
+    assert _crashes_torch("conv2d", [channels_last], (2, 2))
+    # the same inputs without dilation, and other dtypes with it, are run
+    assert not _crashes_torch("aten.conv2d.default", [half], [1, 1])
+    assert not _crashes_torch("aten.conv2d.default", [half.float()], [1, 2])
+    assert not _crashes_torch("aten.conv2d.default", [half.bfloat16()], [2, 2])
+    assert not _crashes_torch("aten.relu.default", [half], 2)
