@@ -120,18 +120,15 @@ class _Writer:
 
     # -- values ------------------------------------------------------------------------
     def value(self, arg: Any) -> str:
+        """An argument as torch's writer writes it (``_get_repr``)."""
         kind = type(arg)
         if kind is Node:
             name = self.names.get(arg)
             return name if name is not None else self.name(arg)
         if kind in _PLAIN_VALUES:
             return repr(arg)
-        if kind is tuple:
-            if len(arg) == 1:
-                return f"({self.value(arg[0])},)"
-            return "(" + ", ".join([self.value(a) for a in arg]) + ")"
-        if kind is list or kind is immutable_list:
-            return "[" + ", ".join([self.value(a) for a in arg]) + "]"
+        if kind in _SEQUENCES:
+            return _sequence(arg, kind, self.value)
         if kind is slice:
             return f"slice({self.value(arg.start)}, {self.value(arg.stop)}, {self.value(arg.step)})"
         if isinstance(arg, _OPERATORS):
@@ -142,20 +139,16 @@ class _Writer:
 
     def literal(self, arg: Any) -> str:
         """``repr(arg)`` with each node written as its name: how torch's writer writes a dictionary
-        (a model returning a dict, say), whose items it does not look into. Containers are written
-        as Python writes them, which for these kinds is also how :meth:`value` writes them."""
+        (a model returning a dict, say), whose items it does not look into. Tuples and lists are
+        written as Python writes them, which is also how :meth:`value` writes them; an operator
+        inside (Python's ``repr`` of it, not a global) is left to torch."""
         kind = type(arg)
         if kind is Node:
-            name = self.names.get(arg)
-            return name if name is not None else self.name(arg)
+            return self.value(arg)
         if kind in _PLAIN_VALUES:
             return repr(arg)
-        if kind is tuple:
-            if len(arg) == 1:
-                return f"({self.literal(arg[0])},)"
-            return "(" + ", ".join([self.literal(a) for a in arg]) + ")"
-        if kind is list or kind is immutable_list:
-            return "[" + ", ".join([self.literal(a) for a in arg]) + "]"
+        if kind in _SEQUENCES:
+            return _sequence(arg, kind, self.literal)
         if kind is dict or kind is immutable_dict:
             return "{" + ", ".join([f"{self.literal(k)}: {self.literal(v)}" for k, v in arg.items()]) + "}"
         raise _Unsupported
@@ -307,6 +300,15 @@ class _Writer:
         return _fxgraph.PythonCode(source, self.globals, _lineno_map=line_map,
                                    _prologue_start=wrap_statements.count("\n") + 4)
 
+
+def _sequence(arg: Any, kind: type, write: Any) -> str:
+    """A tuple or list, each item written by ``write`` (a one-item tuple keeps its comma)."""
+    if kind is tuple:
+        return f"({write(arg[0])},)" if len(arg) == 1 else "(" + ", ".join([write(a) for a in arg]) + ")"
+    return "[" + ", ".join([write(a) for a in arg]) + "]"
+
+
+_SEQUENCES = frozenset({tuple, list, immutable_list})
 
 _NOTHING = object()
 _MAGIC, _INPLACE, _CALL = "magic", "inplace", "call"
