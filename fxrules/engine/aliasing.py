@@ -309,10 +309,14 @@ class Aliasing:
     """
 
     def __init__(self, module_of: Callable[[str], Any], attr_of: Optional[Callable[[str], Any]],
-                 module_is_known: Callable[[Any], bool]):
+                 module_is_known: Callable[[Any], bool],
+                 module_writes_input: Callable[[Any], bool] = lambda module: getattr(module, "inplace", False) is True):
+        """``module_writes_input``: whether a module's ``inplace`` is True (the planner answers it from the
+        facts it keeps per module, without ``getattr``'s cost for a module that has none)."""
         self.module_of = module_of
         self.attr_of = attr_of
         self.module_is_known = module_is_known
+        self.module_writes_input = module_writes_input
         self._function_kinds: dict = {}
         self._keys: dict = {}  # get_attr target -> storage key of its tensor (None: not a tensor)
         self._tied: Optional[tuple] = None  # (graph, {storage key: get_attr nodes}), built on first use
@@ -336,7 +340,7 @@ class Aliasing:
             module = self.module_of(node.target)
             if module is None or not self.module_is_known(module):
                 return tuple(node.all_input_nodes)
-            if isinstance(module, ALIASING_MODULES) or getattr(module, "inplace", False) is True:
+            if isinstance(module, ALIASING_MODULES) or self.module_writes_input(module):
                 return tuple(a for a in node.args[:1] if isinstance(a, fx.Node))
             return ()
         return ()

@@ -298,7 +298,6 @@ class _Session:
         heap: list = []
         queued: set = set()
         counter = itertools.count()
-        candidates = self.compiled.candidates
         module_of = self.work.module_of
 
         def push(node: fx.Node, programs: tuple) -> None:
@@ -316,12 +315,15 @@ class _Session:
                             continue
                     elif not may_match(program, node, module_of, keys):
                         continue
-                key = (program.rule.index, node)
+                index = program.rule.index
+                key = (index, node)
                 if key not in queued:
                     queued.add(key)
-                    heapq.heappush(heap, (program.rule.index, fxaccess.sort_key(node), next(counter), node, program))
+                    heapq.heappush(heap, (index, sort_key(node), next(counter), node, program))
 
-        for node, programs in self.compiled.scan(self.work.graph.nodes, module_of):
+        sort_key = fxaccess.sort_key
+        scan = self.compiled.scan
+        for node, programs in scan(self.work.graph.nodes, module_of):
             push(node, programs)
         applied: list[Applied] = []
         rejected: dict = {}
@@ -335,7 +337,7 @@ class _Session:
             if isinstance(result, Miss):
                 continue
             failed = self.conditions(result)
-            key = (program.rule.index, tuple(n.name for n in result.roots))
+            key = (program.rule.index, tuple([n.name for n in result.roots]))
             if isinstance(failed, Refusal):
                 rejected[key] = _rejected(program, result, failed)
             if failed is not None:
@@ -354,7 +356,8 @@ class _Session:
                 rejected[key] = _rejected(program, result, outcome)
                 continue
             entry, touched = outcome
-            rejected.pop(key, None)
+            if rejected:
+                rejected.pop(key, None)
             applied.append(entry)
             recent.append(program.name)
             if len(applied) > max_iterations:
@@ -365,8 +368,8 @@ class _Session:
                     + ", ".join(f"`{n}` ({c} of the last {min(200, len(recent))})" for n, c in window.most_common())
                     + ". A rule set must not contain rules that undo each other (A -> B with B -> A) or grow the "
                       "graph forever", names)
-            for n in self._revisit(touched):
-                push(n, candidates(n, module_of))
+            for n, programs in scan(self._revisit(touched), module_of):  # the nodes some rule roots on
+                push(n, programs)
         return applied, list(rejected.values())
 
     def _revisit(self, touched: Iterable[fx.Node]) -> set:

@@ -219,6 +219,41 @@ def create_node(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
     return (create_node_fast if FAST else create_node_public)(graph, op, target, args, kwargs, base_names)
 
 
+def erase_node_fast(graph: fx.Graph, node: fx.Node) -> None:
+    """What ``graph.erase_node(node)`` does, without its Python layers: ``Node.__setattr__`` for the
+    erased flag (which asks the lookup table, again, whether it holds the node) and ``map_arg``'s
+    checks around the C ``_fx_map_arg`` that drops the node's arguments (and so its inputs' uses of
+    it). A node with users, of another graph or already erased, and a graph whose owner installed
+    node-erasure hooks, go through ``erase_node`` (its errors, warning and hooks)."""
+    owner = graph._owning_module
+    if node.users or node.graph is not graph or node._erased or \
+            (owner is not None and getattr(owner, "_erase_node_hooks", None)):
+        graph.erase_node(node)
+        return
+    graph._find_nodes_lookup_table.remove(node)
+    node._remove_from_list()
+    object.__setattr__(node, "_erased", True)  # iterators may still hold it
+    graph._len -= 1
+    map_arg = torch._C._fx_map_arg
+    node._update_args_kwargs(map_arg(node._args, _to_none), map_arg(node._kwargs, _to_none))
+
+
+def _to_none(node: fx.Node) -> None:
+    return None
+
+
+def erase_node_public(graph: fx.Graph, node: fx.Node) -> None:
+    graph.erase_node(node)
+
+
+def erase_node(graph: fx.Graph, node: fx.Node) -> None:
+    """Erase ``node`` (without users) from ``graph``, as ``graph.erase_node`` does."""
+    if FAST:
+        erase_node_fast(graph, node)
+    else:
+        erase_node_public(graph, node)
+
+
 def misread_fast(graph: fx.Graph, nodes: Any) -> Optional[tuple]:
     for node in nodes:
         if node.graph is not graph or node._erased:
@@ -953,18 +988,24 @@ class NodeState(NamedTuple):
 
     args: tuple
     kwargs: Any
-    inputs: dict
-    users: dict
+    inputs: tuple  # the keys of ``_input_nodes``, in order (tuples: cheaper to make and free than dicts)
+    users: tuple  # the keys of ``users``, in order
     sort_key: Any
 
 
 def node_state(node: fx.Node, without_user: Optional[fx.Node] = None) -> NodeState:
     """``node``'s state now; ``without_user``: a node just created that reads ``node`` (its entry is
     the last of ``node``'s users), left out, which gives the state before it was created."""
-    users = dict(node.users)
-    if without_user is not None:
-        users.pop(without_user, None)
-    return NodeState(node._args, node._kwargs, dict(node._input_nodes), users, node._sort_key)
+    users = node.users
+    if without_user is not None and without_user in users:
+        kept = tuple([user for user in users if user is not without_user])
+    else:
+        kept = tuple(users)
+    return _NODE_STATE(NodeState, (node._args, node._kwargs, tuple(node._input_nodes), kept, node._sort_key))
+
+
+_NODE_STATE = tuple.__new__
+"""Makes a NodeState from one tuple of its fields, without the named tuple's Python ``__new__``."""
 
 
 def restore_node_state(node: fx.Node, state: NodeState) -> None:
@@ -975,9 +1016,9 @@ def restore_node_state(node: fx.Node, state: NodeState) -> None:
     setattr_(node, "_sort_key", state.sort_key)
     inputs, users = node._input_nodes, node.users
     inputs.clear()
-    inputs.update(state.inputs)
+    inputs.update(dict.fromkeys(state.inputs))
     users.clear()
-    users.update(state.users)
+    users.update(dict.fromkeys(state.users))
 
 
 def unlink_created_node(graph: fx.Graph, node: fx.Node) -> None:

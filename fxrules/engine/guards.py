@@ -488,8 +488,27 @@ def has_stride_reader(graph: fx.Graph) -> bool:
 
 def count_stride_readers(graph: fx.Graph) -> int:
     """How many nodes of ``graph`` read strides: one pass over its nodes. The workpiece counts once per
-    run and then keeps the count as nodes come and go (``Workpiece.has_stride_reader``)."""
-    return sum(1 for node in graph.nodes if _reads_strides(node))
+    run and then keeps the count as nodes come and go (``Workpiece.has_stride_reader``). A call_function
+    target is classified once (:func:`_reads_strides` decides, per target)."""
+    count = 0
+    functions: dict = {}  # call_function target -> whether its calls read strides
+    for node in graph.nodes:
+        op = node.op
+        if op == "call_function":
+            target = node.target
+            try:
+                reads = functions.get(target)
+            except TypeError:  # an unhashable target
+                reads = _reads_strides(node)
+            if reads is None:
+                reads = functions[target] = _reads_strides(node)
+        elif op == "call_method":
+            reads = node.target in _STRIDE_METHODS  # what _reads_strides answers for a method
+        else:
+            continue
+        if reads:
+            count += 1
+    return count
 
 
 is_stride_reader = _reads_strides

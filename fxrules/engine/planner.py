@@ -100,7 +100,9 @@ class Effects:
         # (graph, {node: None}) for the nodes that draw random numbers: found by the same walk, kept alike
         self._random: Optional[tuple] = None
         self._may_draw: dict = {}  # call_function target -> whether some call of it may draw random numbers
-        self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known)
+        self._function_scans: dict = {}  # call_function target -> what _scan asks of it (_function_scan)
+        self._method_scans: dict = {}  # call_method name -> what _scan asks of it (_method_scan)
+        self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known, self.module_writes_input)
 
     def close(self) -> None:
         """Drop the references that make this object and its aliasing a reference cycle (each holds
@@ -120,6 +122,10 @@ class Effects:
     def module_is_known(self, module: Any) -> bool:
         """Whether ``module`` computes as a torch.nn class (see :func:`aliasing.module_class_is_known`)."""
         return self.module_facts(module).known
+
+    def module_writes_input(self, module: Any) -> bool:
+        """Whether ``module``'s ``inplace`` is True (``getattr(module, "inplace", False) is True``), from its facts."""
+        return self.module_facts(module).writes_input
 
     def module_facts(self, module: Any) -> "ModuleFacts":
         """What the planner asks of ``module`` (:class:`ModuleFacts`), found once per module object
@@ -273,6 +279,9 @@ class Effects:
         if module is None:
             return None
         facts = self.module_facts(module)
+        if not (facts.hooks or facts.writes_input or facts.impure or facts.updates_statistics) \
+                and not fxaccess.global_hook_kinds():
+            return None  # the usual module: none of the effects below (asked once, from its facts)
         if facts.writes_input and node.args and not self.module_hooks(module):
             return f"%{node.name} modifies its input in place"
         return self._module_effect_besides_writes(node)  # hooks are named before a write
@@ -302,7 +311,8 @@ class Effects:
         """Whether calling ``node`` draws random numbers (a train-mode dropout, ``rand_like``, ...)."""
         op = node.op
         if op == "call_function":
-            return aliasing.function_draws_random(node.target, node.args, node.kwargs)
+            target = node.target
+            return self._function_may_draw(target) and aliasing.function_draws_random(target, node.args, node.kwargs)
         if op == "call_method":
             return aliasing.method_draws_random(node.target)
         if op == "call_module":
@@ -442,34 +452,41 @@ class Effects:
     def _scan(self, graph: fx.Graph) -> None:
         """The one walk of a run that finds both kinds of writer: the nodes that write an input in place
         (:meth:`writers`) and the module calls that write their module's own tensors
-        (:meth:`_module_writes`). Per node it asks what :meth:`mutated_inputs` and :meth:`_module_entry`
-        ask, answered per function target, method name and module object from this run's caches: the
-        common node (a call with no keywords to a function that writes only through ``inplace=``/``out=``,
-        a known module that does not write) costs a dictionary lookup or two."""
+        (:meth:`_module_writes`), and the nodes that draw random numbers. Per node it asks what
+        :meth:`mutated_inputs`, :meth:`draws_random` and :meth:`_module_entry` ask, answered per function
+        target (:meth:`_function_scan`), method name (:meth:`_method_scan`) and module object
+        (:meth:`module_facts`) from this run's caches: the common node (a call with no keywords to a
+        function that writes only through ``inplace=``/``out=`` and never draws, a method that neither
+        writes nor draws, a plain module) costs a dictionary lookup."""
         writer_nodes: dict = {}
         module_writers: dict = {}
         random: dict = {}
-        writes = self._writes
+        functions, methods, facts_of = self._function_scans, self._method_scans, self._facts
         module_of = self.module_of
         for node in graph.nodes:
             op = node.op
             if op == "call_function":
-                if self._function_may_draw(node.target) and self.draws_random(node):
-                    random[node] = None
                 target = node.target
                 try:
-                    kind = writes.get(target)
+                    scan = functions.get(target)
                 except TypeError:  # an unhashable target: asked the long way
-                    kind = None
-                if kind == _WRITES_BY_KEYWORDS and not node.kwargs:
-                    continue  # writes only through inplace=/out=, and has no keywords
-                if self.mutated_inputs(node):
+                    scan = _SCAN_UNHASHABLE
+                if scan is None:
+                    scan = self._function_scan(target)
+                if scan is _SCAN_NOTHING_WITHOUT_KEYWORDS and not node.kwargs:
+                    continue  # writes only through inplace=/out=, has no keywords, and never draws
+                if scan[1] and self.draws_random(node):
+                    random[node] = None
+                if (scan[0] != _WRITES_BY_KEYWORDS or node.kwargs) and self.mutated_inputs(node):
                     writer_nodes[node] = None
             elif op == "call_module":
                 module = module_of(node.target)
                 if module is None:
                     continue
-                facts = self.module_facts(module)
+                entry = facts_of.get(id(module))
+                facts = entry[1] if entry is not None and entry[0] is module else self.module_facts(module)
+                if facts is _PLAIN_MODULE:
+                    continue  # known, no hooks, writes nothing, draws nothing
                 if not facts.known:
                     if node.all_input_nodes:
                         writer_nodes[node] = None
@@ -482,13 +499,45 @@ class Effects:
                 if facts.draws_random:
                     random[node] = None
             elif op == "call_method":
-                if self.mutated_inputs(node):
+                name = node.target
+                try:
+                    scan = methods.get(name)
+                except TypeError:  # an unhashable target: asked the long way
+                    scan = _SCAN_UNHASHABLE
+                if scan is None:
+                    scan = self._method_scan(name)
+                if scan is _SCAN_NOTHING:
+                    continue
+                if scan[0] and self.mutated_inputs(node):
                     writer_nodes[node] = None
-                if aliasing.method_draws_random(node.target):
+                if scan[1] and aliasing.method_draws_random(name):
                     random[node] = None
         self._writer_nodes = (graph, writer_nodes)
         self._writers = (graph, module_writers)
         self._random = (graph, random)
+
+    def _function_scan(self, target: Any) -> tuple:
+        """(how ``target`` writes its inputs, whether some call of it may draw random numbers), remembered
+        per target for the run; :data:`_SCAN_NOTHING_WITHOUT_KEYWORDS` for the common target, which writes
+        only through ``inplace=``/``out=`` and never draws."""
+        kind = self._writes.get(target)
+        if kind is None:
+            kind = self._writes[target] = _function_writes(target)
+        scan = (kind, self._function_may_draw(target))
+        if scan == _SCAN_NOTHING_WITHOUT_KEYWORDS:
+            scan = _SCAN_NOTHING_WITHOUT_KEYWORDS
+        self._function_scans[target] = scan
+        return scan
+
+    def _method_scan(self, name: Any) -> tuple:
+        """(whether a call of method ``name`` may write an input: an in-place name, or a method the engine
+        does not know; whether it draws random numbers), remembered per name for the run;
+        :data:`_SCAN_NOTHING` for a known method that does neither."""
+        scan = (not aliasing.method_is_known(name) or aliasing.writes_by_name(name), aliasing.method_draws_random(name))
+        if scan == _SCAN_NOTHING:
+            scan = _SCAN_NOTHING
+        self._method_scans[name] = scan
+        return scan
 
     def _function_may_draw(self, target: Any) -> bool:
         """Whether some call of ``target`` may draw random numbers (:func:`aliasing.function_may_draw_random`),
@@ -521,7 +570,7 @@ class Effects:
                 entry[1].pop(node, None)
         entry = self._random
         if entry is not None and node.graph is entry[0]:
-            if call and (not function or self._function_may_draw(node.target)) and self.draws_random(node):
+            if call and self.draws_random(node):  # a function that never draws: one lookup per target
                 entry[1][node] = None
             else:
                 entry[1].pop(node, None)
@@ -620,6 +669,13 @@ input or has an effect (see :meth:`Effects.module_facts`)."""
 _PLAIN_MODULE = ModuleFacts(True, (), False, False, False, False)
 """The facts of a plain module (:meth:`Effects._watched_names`): known, no hooks, no flags, no state."""
 
+_SCAN_NOTHING = (False, False)
+"""What :meth:`Effects._method_scan` says of a method that writes nothing and draws nothing (this object)."""
+
+_SCAN_UNHASHABLE = (True, True)
+"""What :meth:`Effects._scan` assumes of an unhashable target: the long way (:meth:`Effects.mutated_inputs`,
+:meth:`Effects.draws_random`) decides."""
+
 
 def _module_attr_of_class(cls: type, name: str, classes: dict) -> Any:
     """What :func:`_module_attr` knows of ``name`` from ``cls`` alone (remembered in ``classes``): its plain
@@ -679,6 +735,10 @@ _WRITES_SCHEMA, _WRITES_FIRST, _WRITES_BY_KEYWORDS, _WRITES_ALL = "schema", "fir
 """How a call_function target writes its inputs: as its schema says (an OpOverload), always its
 first argument (``operator.iadd``, ``torch.relu_``), only when called with ``inplace=True`` or
 ``out=``, or any of them (a function the engine does not know)."""
+
+_SCAN_NOTHING_WITHOUT_KEYWORDS = (_WRITES_BY_KEYWORDS, False)
+"""What :meth:`Effects._function_scan` says of the common target (this object): it writes only through
+``inplace=``/``out=`` and never draws random numbers."""
 
 
 def _function_writes(target: Any) -> str:
@@ -1463,7 +1523,8 @@ def call_may_alias(call: RCall, match: Match, effects: Effects) -> bool:
     if isinstance(module, type):
         inplace = dict(call.target.attrs).get("inplace")
         return not (inplace is None or (isinstance(inplace, RLiteral) and inplace.value is False))
-    return _module_attr(module, "inplace", False) is True or not effects.module_is_known(module)
+    facts = effects.module_facts(module)  # its `inplace` and whether it is known, found once per module for the run
+    return facts.writes_input or not facts.known
 
 
 def _template_written(call: RCall, match: Match, effects: Effects) -> Any:
@@ -1507,7 +1568,7 @@ def _template_written(call: RCall, match: Match, effects: Effects) -> Any:
     if isinstance(module, type):
         inplace = dict(call.target.attrs).get("inplace")
         return first if isinstance(inplace, RLiteral) and inplace.value is True else None
-    if module is not None and _module_attr(module, "inplace", False) is True:
+    if module is not None and effects.module_facts(module).writes_input:  # its `inplace` is True
         return first
     return None
 

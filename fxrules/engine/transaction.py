@@ -33,7 +33,7 @@ from torch import fx, nn
 
 from fxrules.engine import fxaccess, guards, planner
 from fxrules.engine.errors import ModelError
-from fxrules.engine.inspection import apply_settlement
+from fxrules.engine.inspection import NOTHING as NO_INSPECTIONS, apply_settlement
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import Effects, Plan
 from fxrules.engine.program import RBuilder, RCall, RComputed, RNewModule, RReuse, graph_constant
@@ -121,19 +121,22 @@ class Journal:
 
     def replacing(self, root: fx.Node, value: fx.Node) -> None:
         """Before ``root``'s uses are replaced by ``value``."""
-        self.touch(root)
-        self.touch(value)
-        for user in root.users:
-            self.touch(user)
+        saved, made = self.saved, self.made
+        for node in (root, value, *root.users):  # touch(), written out: per rewrite, on the hot path
+            if node not in saved and node not in made:
+                saved[node] = fxaccess.node_state(node)
 
     def erasing(self, node: fx.Node) -> None:
         """Before ``node`` is erased: its inputs lose it as a user; a node the graph had goes back
         after the nearest node before it that this run did not create."""
-        for used in node.all_input_nodes:
-            self.touch(used)
-        if node in self.made:
+        saved, made = self.saved, self.made
+        for used in node.all_input_nodes:  # touch(), written out
+            if used not in saved and used not in made:
+                saved[used] = fxaccess.node_state(used)
+        if node in made:
             return
-        self.touch(node)
+        if node not in saved:
+            saved[node] = fxaccess.node_state(node)
         after = node.prev
         while after in self.made:
             after = after.prev
@@ -242,7 +245,7 @@ class Workpiece:
     def erase(self, node: fx.Node) -> None:
         """Erase ``node`` (it has no users left)."""
         self.journal.erasing(node)
-        self.graph.erase_node(node)
+        fxaccess.erase_node(self.graph, node)
         self.erased(node)
 
     def meta_of(self, node: fx.Node) -> dict:
@@ -466,16 +469,13 @@ def _delete_unused(root: nn.Module, modules: dict, graph: fx.Graph, journal: Jou
     """Delete the submodules, parameters and buffers that erased nodes called or read and no node
     of ``graph`` uses any more: neither that target, nor one inside it, nor a module around it.
     ``modules``: ``root``'s modules by path, as the run found them."""
-    used: set = set()  # call_module and get_attr targets
-    around: set = set()  # the modules around them
-    for op in ("call_module", "get_attr"):
-        for node in graph.find_nodes(op=op, sort=False):
-            target = node.target
-            if isinstance(target, str):
-                used.add(target)
-                while "." in target:
-                    target = target.rpartition(".")[0]
-                    around.add(target)
+    used = {target for op in ("call_module", "get_attr") for node in graph.find_nodes(op=op, sort=False)
+            if isinstance(target := node.target, str)}  # call_module and get_attr targets
+    around: set = set()  # the modules around them: their parents, the parents' parents, ...
+    level = {target.rpartition(".")[0] for target in used if "." in target}
+    while level:
+        around.update(level)
+        level = {path.rpartition(".")[0] for path in level if "." in path}.difference(around)
     for target in sorted(journal.unused, key=lambda t: -t.count(".")):  # the innermost first
         if target in used or target in around:
             continue
@@ -807,25 +807,26 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
         new_values = [writer.value(r) for r in match.program.replacements]
     touched: set = set(writer.created)
     touched.update(writer.kept)
-    touched.update(apply_settlement(graph, plan.inspections, work.erased))  # users that only inspect (planner)
-    for root, value in zip(match.roots, new_values):
+    if plan.inspections is not NO_INSPECTIONS:  # users that only inspect (planner)
+        touched.update(apply_settlement(graph, plan.inspections, work.erased))
+    roots = match.roots
+    for root, value in zip(roots, new_values):
         if isinstance(value, fx.Node) and value is not root:
             if work.has_values and "val" not in value.meta and "val" in root.meta:
                 work.meta_of(value)["val"] = root.meta["val"]
             touched.update(root.users)
             work.replace_uses(root, value)
             touched.add(value)
-    matched_names = tuple(n.name for n in match.roots) + tuple(
-        n.name for n in match.bindings.nodes if n not in match.roots)
-    erased_inputs = _erase_dead(work, list(match.bindings.nodes) + list(match.bindings.attrs), match.bindings.nodes)
-    touched.update(erased_inputs)
+    matched = match.bindings.nodes
+    matched_names = tuple([n.name for n in roots] + [n.name for n in matched if n not in roots])
+    attrs = match.bindings.attrs
+    touched.update(_erase_dead(work, [*matched, *attrs] if attrs else list(matched), matched))
     work.changed.update(touched)
-    for node in list(touched):
-        if node.graph is None or fxaccess.erased(node):
-            touched.discard(node)
+    erased = fxaccess.erased
+    touched = {node for node in touched if node.graph is not None and not erased(node)}
     rule = match.rule
-    replaced_by = tuple(v.name if isinstance(v, fx.Node) else repr(v) for v in new_values)
-    return Applied(rule.name, rule.source, matched_names, tuple(n.name for n in writer.created), replaced_by,
+    replaced_by = tuple([v.name if isinstance(v, fx.Node) else repr(v) for v in new_values])
+    return Applied(rule.name, rule.source, matched_names, tuple([n.name for n in writer.created]), replaced_by,
                    changes), touched
 
 

@@ -228,6 +228,48 @@ def test_create_node_agrees(name):
     assert made[0] == made[1]
 
 
+@pytest.mark.parametrize("name", ["resnet", "transformer", "methods", "shared"])
+def test_erase_node_agrees(name):
+    """The fast erase leaves the graph as ``Graph.erase_node`` does: the same nodes, users, lookup table,
+    length and code; the erased nodes flagged, without arguments."""
+    gm = traced(MODELS[name])
+    results = []
+    for erase in (fxaccess.erase_node_fast, fxaccess.erase_node_public):
+        graph = fxaccess.copy_graph_public(gm.graph)
+        gone = []
+        for node in list(graph.nodes):  # copies of nodes of each kind, then erased users first
+            if node.op in ("call_function", "call_method", "call_module", "get_attr") and len(gone) < 12:
+                with graph.inserting_after(node):
+                    gone.append(graph.node_copy(node))
+        with graph.inserting_after(gone[0]):
+            gone.insert(0, graph.call_function(torch.add, (gone[0], gone[-1]), {"alpha": 2}))  # reads two of them
+        for node in gone:
+            erase(graph, node)
+        graph.lint()
+        assert all(fxaccess.erased_public(n) and n._erased and not n.all_input_nodes for n in gone)
+        for op in ("placeholder", "call_module", "get_attr", "call_method", "output"):
+            assert graph.find_nodes(op=op) == [n for n in graph.nodes if n.op == op]
+        assert len(graph.nodes) == len(gm.graph.nodes)
+        results.append((_node_facts(graph), graph.python_code("self").src,
+                        [(n.name, repr(n.args), repr(n.kwargs)) for n in gone]))
+    assert results[0] == results[1]
+    assert results[0][:2] == (_node_facts(gm.graph), gm.graph.python_code("self").src)
+
+
+def test_erase_node_keeps_erase_node_s_errors_and_hooks():
+    gm = traced(zoo.mlp)
+    seen = []
+    gm._register_erase_node_hook(seen.append)
+    graph = gm.graph
+    used = next(n for n in graph.nodes if n.op == "call_module")
+    with pytest.raises(RuntimeError, match="still had"):
+        fxaccess.erase_node_fast(graph, used)
+    with graph.inserting_after(used):
+        dead = graph.call_function(torch.relu, (used,))
+    fxaccess.erase_node_fast(graph, dead)
+    assert seen == [dead] and dead._erased and dead not in used.users
+
+
 def test_create_node_runs_the_owners_creation_hooks():
     gm = traced(zoo.mlp)
     seen = []
