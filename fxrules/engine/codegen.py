@@ -16,8 +16,8 @@ answers None for anything it was not written for, so that the caller uses torch'
   (``_PyTreeCodeGen``, of torch.export's modules), with no body transformer: not any other
   subclass, whose methods may write differently;
 - no ``FX_GRAPH_SHOW_META`` (torch then writes every node's metadata into the source);
-- every argument is a node, a plain value (``int``, ``float``, ``bool``, ``str``, ``None``, a
-  dtype, device, memory format or layout), an operator overload, or a tuple, list, slice or dict of
+- every argument is a node, a plain value (``int``, ``float``, ``complex``, ``bool``, ``str``,
+  ``None``, ``...``, a dtype, device, memory format or layout), an operator overload, or a tuple, list, slice or dict of
   those (no operator inside a dict); no type annotation is generic (``list[int]``) or a union.
   Anything else (a named tuple, an enum, a tensor constant, a generic annotation, a subclass of
   any of these types, ...) makes the whole graph torch's.
@@ -46,8 +46,8 @@ from torch.fx import graph as _fxgraph
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.fx.node import Node
 
-_PLAIN_VALUES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
-                           torch.layout})
+_PLAIN_VALUES = frozenset({int, float, complex, bool, str, type(None), type(Ellipsis), torch.dtype, torch.device,
+                           torch.memory_format, torch.layout})
 """Argument types written as ``repr(value)``, as torch.fx's writer writes them (none is an opaque
 value type; a test checks that against torch's registry)."""
 

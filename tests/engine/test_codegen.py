@@ -141,7 +141,7 @@ def test_forms_of_call():
     graph = fx.Graph()
     x = graph.placeholder("x", type_expr=torch.Tensor)
     y = graph.placeholder("y", default_value=3)
-    s = graph.call_function(operator.getitem, (x, (slice(None, 2), 0)))
+    s = graph.call_function(operator.getitem, (x, (slice(None, 2), Ellipsis, 0)))
     t = graph.call_function(operator.iadd, (s, y))
     u = graph.call_method("view", (t, [2, -1]), {"dtype": None})
     v = graph.call_function(torch.ops.aten.add.Tensor, (u, u), {"alpha": 2})
@@ -149,7 +149,7 @@ def test_forms_of_call():
     h = graph.call_function(helper, (w, torch.device("cpu")))
     h.meta["is_wrapped"] = True
     g = graph.get_attr("blocks.0.weight")
-    m = graph.call_module("blocks.0.fc", (h,), {"scale": 1e-5, "layout": torch.strided})
+    m = graph.call_module("blocks.0.fc", (h,), {"scale": 1e-5, "layout": torch.strided, "phase": 2 - 1j})
     graph.call_function(print, (m,))  # no users: `= None` right after
     k = graph.call_function(getattr, (g, "not an identifier"))
     graph.call_function(torch.add, (k, 1), {"out": None, "ops": (torch.ops.aten.mul.Tensor,)})
@@ -226,6 +226,8 @@ _FUNCTIONS = [operator.add, operator.mul, operator.getitem, operator.neg, operat
               torch.ops.aten.add.Tensor, getattr, helper, print, F.gelu]
 _ARITY = {operator.add: 2, operator.mul: 2, operator.getitem: 2, operator.iadd: 2, operator.neg: 1}
 _PLAIN = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True, width=32),
+                   st.just(Ellipsis), st.complex_numbers(max_magnitude=4),
+                   st.sampled_from([complex("nan+1j"), complex("inf-0j")]),
                    st.sampled_from(["s", "a'b", ""]), st.sampled_from([torch.float16, torch.device("cpu"),
                                                                         torch.channels_last, torch.strided]))
 
