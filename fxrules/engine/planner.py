@@ -466,13 +466,7 @@ class Effects:
         for node in graph.nodes:
             op = node.op
             if op == "call_function":
-                target = node.target
-                try:
-                    scan = functions.get(target)
-                except TypeError:  # an unhashable target: asked the long way
-                    scan = _SCAN_UNHASHABLE
-                if scan is None:
-                    scan = self._function_scan(target)
+                scan = _scan_of(functions, node.target, self._function_scan)
                 if scan is _SCAN_NOTHING_WITHOUT_KEYWORDS and not node.kwargs:
                     continue  # writes only through inplace=/out=, has no keywords, and never draws
                 if scan[1] and self.draws_random(node):
@@ -499,18 +493,12 @@ class Effects:
                 if facts.draws_random:
                     random[node] = None
             elif op == "call_method":
-                name = node.target
-                try:
-                    scan = methods.get(name)
-                except TypeError:  # an unhashable target: asked the long way
-                    scan = _SCAN_UNHASHABLE
-                if scan is None:
-                    scan = self._method_scan(name)
+                scan = _scan_of(methods, node.target, self._method_scan)
                 if scan is _SCAN_NOTHING:
                     continue
                 if scan[0] and self.mutated_inputs(node):
                     writer_nodes[node] = None
-                if scan[1] and aliasing.method_draws_random(name):
+                if scan[1] and aliasing.method_draws_random(node.target):
                     random[node] = None
         self._writer_nodes = (graph, writer_nodes)
         self._writers = (graph, module_writers)
@@ -673,6 +661,16 @@ _SCAN_NOTHING = (False, False)
 """What :meth:`Effects._method_scan` says of a method that writes nothing and draws nothing (this object)."""
 
 _SCAN_UNHASHABLE = (True, True)
+
+
+def _scan_of(cache: dict, target: Any, scan: Callable[[Any], tuple]) -> tuple:
+    """What :meth:`Effects._scan` knows of a call target: ``cache[target]``, else ``scan(target)`` (which
+    remembers it); an unhashable target is :data:`_SCAN_UNHASHABLE` (asked the long way, each time)."""
+    try:
+        found = cache.get(target)
+    except TypeError:
+        return _SCAN_UNHASHABLE
+    return found if found is not None else scan(target)
 """What :meth:`Effects._scan` assumes of an unhashable target: the long way (:meth:`Effects.mutated_inputs`,
 :meth:`Effects.draws_random`) decides."""
 
