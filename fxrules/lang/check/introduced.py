@@ -194,10 +194,17 @@ NOTHING = PatternFacts(frozenset(), frozenset())
 
 
 def _nodes(roots) -> Iterator[object]:
-    """Every expression under ``roots`` (arguments, keywords, attributes, options, list items)."""
+    """Every expression under ``roots`` (arguments, keywords, attributes, options, list items), each once.
+    A pattern shares subtrees (a named pattern, or the options of nested alternatives, is one object
+    wherever it is used): the library's 105 rules hold 2,124 distinct expressions but 114,236 paths to
+    them, and walking every path was most of ``fxrules check``'s time."""
     stack = list(roots)
+    seen: set = set()
     while stack:
         node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         yield node
         if isinstance(node, A.Call):
             stack.extend(a for a in node.args or ())
