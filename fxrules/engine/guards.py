@@ -45,7 +45,8 @@ from fxrules.engine import fxaccess
 from fxrules.engine.aliasing import ALIASING_MODULES
 from fxrules.engine.budget import Budget, RealRunGuard, Unsized
 from fxrules.engine.matcher import Match
-from fxrules.engine.program import (RBuilder, RCall, RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared,
+from fxrules.engine.planner import ReplacementValues
+from fxrules.engine.program import (RBuilder, RCall, RComputed, RNewModule, RReuse, RSeq, RShared,
                                     RSplat, RValue)
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import MetadataChange
@@ -78,15 +79,15 @@ class Prospect:
 # ---------------------------------------------------------------------------
 
 
-class DryRun:
-    """Evaluates a match's replacement templates on the graph's fake values (nothing is built)."""
+class DryRun(ReplacementValues):
+    """Evaluates a match's replacement templates on the graph's fake values (nothing is built): the
+    guards' reader of a replacement (:class:`planner.ReplacementValues`), a graph value read as its
+    fake value (:meth:`of`)."""
 
     def __init__(self, work: Any, match: Match, modules: Mapping[int, nn.Module], computed: Mapping[int, Any]):
+        super().__init__(match)
         self.work = work
         self.computed = computed  # id(RComputed) -> its value (the writer computed them first)
-        self.shared: dict = {}  # name -> the value of the call a replacement's `CALL as name` makes
-        self.match = match
-        self.env = match.bindings
         self.modules = modules  # id(RCall) -> the module a builder or constructor made for it
         self.mode = work.fake_mode()
         self.made: dict = {}
@@ -98,37 +99,11 @@ class DryRun:
             values = tuple(self.value(r) for r in self.match.program.replacements)
         return Prospect(values, self.made, tuple(self.notes))
 
-    def value(self, item: Any) -> Any:
-        kind = type(item)
-        if kind is RValue:
-            bound = (self.env.captures if item.is_capture else self.env.names)[item.name]
-            return self.of(bound)
-        if kind is RCall:
-            result = self.call(item)
-            self.made[id(item)] = result
-            return result
-        if kind is RLiteral:
-            return item.value
-        if kind is RSeq:
-            return item.kind(self.values(item.items))
-        if kind is RComputed:
-            return self.computed[id(item)]
-        if kind is RShared:
-            result = self.shared[item.name] = self.value(item.inner)
-            return result
-        if kind is RRef:
-            return self.shared[item.name]
-        raise AssertionError(item)  # pragma: no cover
+    def computed_value(self, item: RComputed) -> Any:
+        return self.computed[id(item)]
 
-    def values(self, items: tuple) -> list:
-        """Argument or list items, with ``*$xs`` (RSplat) spliced in, as the writer builds them."""
-        out: list = []
-        for i in items:
-            if type(i) is RSplat:
-                out.extend(self.of(tuple(self.env.captures[i.name])))
-            else:
-                out.append(self.value(i))
-        return out
+    def graph_value(self, value: Any) -> Any:
+        return self.of(value)
 
     def of(self, value: Any) -> Any:
         """A graph value's metadata stand-in: a node's ``meta['val']`` (a get_attr: its tensor, made
@@ -151,15 +126,11 @@ class DryRun:
         return value
 
     def call(self, item: RCall) -> Any:
-        root = self.match.roots[item.root_index]
-        if item.args is None:
-            args, kwargs = self.of(tuple(root.args)), self.of(dict(root.kwargs))
-        else:
-            args = tuple(self.values(item.args))
-            kwargs = {name: self.value(v) for name, v in item.kwargs}
-            if item.rest and self.env.rest is not None:
-                args = args + tuple(self.of(tuple(self.env.rest[0])))
-                kwargs.update(self.of(dict(self.env.rest[1])))
+        result = self.made[id(item)] = self.evaluate(item)
+        return result
+
+    def evaluate(self, item: RCall) -> Any:
+        args, kwargs = self.arguments(item, self.match.roots[item.root_index])
         unknown = _first_unknown((args, kwargs))
         if unknown is not None:
             return unknown

@@ -1048,13 +1048,15 @@ class Kept(NamedTuple):
 
 
 class ReplacementValues:
-    """What a replacement's items stand for in a match, resolved one way for both readers of a program's
-    replacements: :func:`kept_nodes` (the planner's prediction, before the graph is edited) and the
-    transaction's writer (the edit). Captures and ``as`` names are what the match bound; literals are
-    themselves; sequences are built with ``*$xs`` spliced in; a shared node (``CALL as name``) is
-    resolved once and its later uses (``RRef``) are that value; a call's arguments are the rule's, or the
-    root's own when the rule forwards them (``...``). What a call and a computed value (``{...}``) are is
-    the reader's: :meth:`call` and :meth:`computed_value`."""
+    """What a replacement's items stand for in a match, resolved one way for the three readers of a
+    program's replacements: :func:`kept_nodes` (the planner's prediction, before the graph is edited),
+    the transaction's writer (the edit) and the guards' dry run (the values on fake tensors). Captures
+    and ``as`` names are what the match bound; literals are themselves; sequences are built with
+    ``*$xs`` spliced in; a shared node (``CALL as name``) is resolved once and its later uses (``RRef``)
+    are that value; a call's arguments are the rule's, or the root's own when the rule forwards them
+    (``...``). What a call and a computed value (``{...}``) are is the reader's (:meth:`call`,
+    :meth:`computed_value`), and so is how a value of the graph is read (:meth:`graph_value`: the node
+    itself, or its fake value)."""
 
     def __init__(self, match: Match):
         self.match = match
@@ -1064,7 +1066,7 @@ class ReplacementValues:
     def value(self, item: Any) -> Any:
         kind = type(item)  # the R* classes are final (frozen, slotted)
         if kind is RValue:
-            return (self.env.captures if item.is_capture else self.env.names)[item.name]
+            return self.graph_value((self.env.captures if item.is_capture else self.env.names)[item.name])
         if kind is RCall:
             return self.call(item)
         if kind is RLiteral:
@@ -1085,7 +1087,7 @@ class ReplacementValues:
         out: list = []
         for i in items:
             if type(i) is RSplat:
-                out.extend(self.env.captures[i.name])
+                out.extend(self.graph_value(tuple(self.env.captures[i.name])))
             else:
                 out.append(self.value(i))
         return out
@@ -1094,14 +1096,19 @@ class ReplacementValues:
         """A replacement call's ``(args, kwargs)``: the rule's (with the match's rest arguments appended
         where the rule asks for them), or the root's own when the rule gives none."""
         if item.args is None:
-            return tuple(root.args), dict(root.kwargs)
+            return self.graph_value(tuple(root.args)), self.graph_value(dict(root.kwargs))
         value = self.value
         args = tuple(self.values(item.args))
         kwargs = {name: value(v) for name, v in item.kwargs} if item.kwargs else {}
         if item.rest and self.env.rest is not None:
-            args = args + tuple(self.env.rest[0])
-            kwargs.update(self.env.rest[1])
+            args = args + tuple(self.graph_value(tuple(self.env.rest[0])))
+            kwargs.update(self.graph_value(dict(self.env.rest[1])))
         return args, kwargs
+
+    def graph_value(self, value: Any) -> Any:
+        """A value of the graph (a node, or a container of nodes and constants) as this reader reads it:
+        itself, here."""
+        return value
 
     def call(self, item: RCall) -> Any:
         raise NotImplementedError
