@@ -36,8 +36,6 @@ def same_python_code(graph):
     torch.fx's own ``Graph.python_code(graph, "self")``."""
     from torch import fx
 
-    from fxrules.engine import codegen
-
     ours = _write_python_code(graph)
     if ours is None:
         return None
@@ -48,7 +46,6 @@ def same_python_code(graph):
         assert ours.globals[name] is value, f"global {name}: {ours.globals[name]!r} is not {value!r}"
     assert ours._lineno_map == theirs._lineno_map
     assert ours._prologue_start == theirs._prologue_start
-    del codegen
     return ours
 
 
