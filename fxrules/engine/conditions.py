@@ -35,6 +35,7 @@ cannot call what the checker would refuse.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -195,6 +196,45 @@ _DTYPE_ATTRS = frozenset({"itemsize", "is_floating_point", "is_complex", "is_sig
 """What a condition may read of a dtype (``$x.dtype.itemsize``, ``$d.is_floating_point`` for a dtype
 literal ``$d``; of a tensor or its metadata, its dtype's: ``$x.itemsize``): plain data, properties of
 ``torch.dtype``. A value that is neither (an int, a list) has none of them: the condition is false."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleFlag:
+    """A ``where`` line of the form ``name.attr`` or ``not name.attr`` (``d.training``, ``not
+    bn.training``): a flag of the module an ``as`` name calls, the commonest condition of all. It
+    is answered straight from the module (:meth:`holds`) when the name is bound to a call_module
+    node whose module has that attribute as a bool, which is what :class:`Evaluator` would
+    compute for it; anything else (another kind of node, no such module or attribute, a value
+    that is not a bool) is left to the evaluator (None), which gives the usual answer or error."""
+
+    name: str
+    attr: str
+    negated: bool
+
+    def holds(self, names: dict, module_of: Callable[[str], Any]) -> Optional[bool]:
+        node = names.get(self.name)
+        if node is None or type(node) is not fx.Node or node.op != "call_module":
+            return None
+        try:
+            value = getattr(module_of(node.target), self.attr, None)
+        except Exception:  # a property that raises: the evaluator reports it as it does
+            return None
+        if type(value) is not bool:
+            return None
+        return value is not self.negated
+
+
+def module_flag(cond: A.Cond) -> Optional[ModuleFlag]:
+    """``cond`` as a :class:`ModuleFlag`, or None when it has another form."""
+    negated = type(cond) is A.CUnary and cond.op == "not"
+    if negated:
+        cond = cond.operand
+    if type(cond) is not A.CAttr or type(cond.value) is not A.CName:
+        return None
+    attr = cond.attr
+    if attr.startswith("_") or attr in _CAPTURE_ATTRS or attr in _DTYPE_ATTRS:
+        return None  # the evaluator reads these otherwise (metadata, dtypes) or refuses them
+    return ModuleFlag(cond.value.name, attr, negated)
 
 
 class Evaluator:

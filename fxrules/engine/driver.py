@@ -250,9 +250,17 @@ class _Session:
         if not program.conditions:
             return None
         env = match.bindings
-        evaluator = Evaluator(env.captures, env.names, self.work.module_of, self.work.attr_of,
-                              program.rule.aliases, self.rule_set.resolver, self.work.effects)
-        for condition in program.conditions:
+        evaluator = None
+        for condition, flag in zip(program.conditions, program.flags):
+            if flag is not None:  # `not bn.training`: read from the module, when it answers plainly
+                holds = flag.holds(env.names, self.work.module_of)
+                if holds is True:
+                    continue
+                if holds is False:
+                    return condition
+            if evaluator is None:
+                evaluator = Evaluator(env.captures, env.names, self.work.module_of, self.work.attr_of,
+                                      program.rule.aliases, self.rule_set.resolver, self.work.effects)
             try:
                 holds = evaluator.holds(condition)
             except ConditionRaised as exc:

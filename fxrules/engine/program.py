@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator, Optional, Union
 
 import fxrules.lang.ast as A
 import fxrules.engine.signatures as signatures
+from fxrules.engine.conditions import module_flag
 from fxrules.lang import allowlist
 from fxrules.lang.allowlist import Position
 from fxrules.lang.commutative import MAX_COMMUTING_DEPTH, Commutation, commutation
@@ -220,10 +221,12 @@ class Program:
     prefilter: Optional[frozenset] = None  # the one requires_keys set, when that is the whole pre-check
     computed: tuple = ()  # the replacements' RComputed values, evaluated before the graph is touched
     method_objects: tuple = ()  # (RCall, capture name or None: forwarded): call_method replacements' objects
+    flags: tuple = ()  # per condition: its conditions.ModuleFlag form (`not bn.training`), or None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "computed", _computed(self.replacements))
         object.__setattr__(self, "method_objects", _method_objects(self.replacements))
+        object.__setattr__(self, "flags", tuple(module_flag(c) for c in self.conditions))
         if any(_reads_metadata(c.cond) for c in self.computed):
             object.__setattr__(self, "needs_metadata", True)
         keys = tuple(_match_keys(p) for p in self.requires)
