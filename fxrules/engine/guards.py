@@ -126,6 +126,9 @@ class DryRun(ReplacementValues):
         return value
 
     def call(self, item: RCall) -> Any:
+        if item.respells is not None:  # a matched node the rewrite keeps: its own value
+            result = self.made[id(item)] = self.of(self.env.names[item.respells])
+            return result
         result = self.made[id(item)] = self.evaluate(item)
         return result
 

@@ -1128,6 +1128,11 @@ class _KeptPredictor(ReplacementValues):
         self.calls: dict = {}  # id(RCall) -> the matched node it computes again
 
     def call(self, item: RCall) -> Any:
+        if item.respells is not None:  # the compiler found it computes a matched node again (program.respelled)
+            node = self.env.names[item.respells]
+            self.calls[id(item)] = node
+            self.found[node] = None
+            return node
         root = self.match.roots[item.root_index]
         args, kwargs = self.arguments(item, root)
         _collect_nodes(args, self.found)  # what the call reads stays (forwarded root arguments included)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import fxrules.lang.ast as A
@@ -199,6 +199,7 @@ class RCall:
     rest: bool
     root_index: int
     span: A.Span
+    respells: Optional[str] = None  # the `as` name (or a hidden one) of the matched node this call computes again
 
 
 Replacement = Union[RValue, RLiteral, RSeq, RCall, RComputed, RShared, RRef, RSplat]
@@ -437,9 +438,163 @@ class RuleCompiler:
         self.position = Position.REPLACEMENT
         self.shared_names = A.bound_names(ast.replacements)  # nodes a replacement builds once and names
         replacements = tuple(self.replacement(r, i) for i, r in enumerate(ast.replacements))
+        roots, replacements = respelled(roots, replacements)
         return Program(self.rule, roots, ast.conditions, replacements, _keys(roots[0]),
                        any(_reads_metadata(c) for c in ast.conditions), _requires(roots[0]),
                        _module_calls(replacements))
+
+
+# ---------------------------------------------------------------------------
+# Replacement calls that compute a matched node again
+# ---------------------------------------------------------------------------
+
+HIDDEN_NAME_PREFIX = "%"
+"""Names the compiler gives matched nodes a replacement re-spells but the rule leaves unnamed: no rule
+can write one (an ``as`` name is an identifier), so none is seen by conditions or clashes with a rule's."""
+
+_PLAIN_LITERALS = (int, bool, str, type(None))
+"""Literal types equal exactly when ``==`` says so (not floats: ``-0.0 == 0.0``, ``nan != nan``)."""
+
+
+def respelled(roots: tuple, replacements: tuple) -> tuple[tuple, tuple]:
+    """The roots and replacements of a rule, each replacement call that computes a matched node again
+    marked with that node's name (:attr:`RCall.respells`), decided here, once, rather than per match.
+
+    ``F.gelu(l($x))`` in ``Dropout(F.gelu(Linear($x) as l)) -> F.gelu(l($x))`` re-spells the matched
+    gelu and Linear nodes: the rewrite keeps both (it replaces the root by the gelu node) instead of
+    building copies. A call re-spells a pattern call (never a root) when both have the same op and
+    one target (the call_module's ``as`` name, for a module), no ``...`` and no commuting operands,
+    and the same arguments as written, position by position and keyword by keyword: the same
+    captures, the same names, exact literals (not floats), or calls that re-spell the pattern's call
+    at that place. The matched node then computes the same call: the matcher bound its arguments
+    to the pattern's exactly (captures and names are those values; every argument the pattern does
+    not mention is absent or at its default), so the replacement's call would have the same
+    arguments, spelled as the rule spells them.
+
+    Only calls reached from the root through call arguments and ``as`` are considered (not inside an
+    alternative or a sequence: those may match otherwise). A re-spelled call the rule left unnamed is
+    named with a hidden name (:data:`HIDDEN_NAME_PREFIX`) by wrapping it in a :class:`PBind`; in a rule
+    of several roots only calls the rule names itself are used (a name's node seeds the search for
+    the further roots, so no names are added there)."""
+    named: dict = {}  # id(PCall) -> (PCall, its `as` name or None)
+    _named_calls(roots[0], named, root=True)
+    for root in roots[1:]:
+        _named_calls(root, named, root=True)
+    if not named:
+        return roots, replacements
+    hidden: dict = {}  # id(PCall) -> the hidden name given to it
+    may_hide = len(roots) == 1
+    marked = tuple(_mark(r, named, hidden, may_hide) for r in replacements)
+    if not hidden:
+        return roots, marked
+    return tuple(_with_names(r, hidden) for r in roots), marked
+
+
+def _named_calls(pattern: Any, found: dict, *, root: bool = False, name: Optional[str] = None) -> None:
+    """The pattern calls below ``pattern`` (not itself when it is the root) that every match binds:
+    reached through call arguments and ``as`` only."""
+    if isinstance(pattern, PBind):
+        _named_calls(pattern.inner, found, root=root, name=pattern.name)
+        return
+    if not isinstance(pattern, PCall):
+        return
+    if not root:
+        found[id(pattern)] = (pattern, name)
+    for arg in pattern.args or ():
+        _named_calls(arg, found)
+    for _, value in pattern.kwargs:
+        _named_calls(value, found)
+
+
+def _mark(item: Any, named: dict, hidden: dict, may_hide: bool) -> Any:
+    """``item`` with its calls (nested ones first) marked where they re-spell a pattern call."""
+    if isinstance(item, RSeq):
+        return RSeq(tuple(_mark(i, named, hidden, may_hide) for i in item.items), item.kind)
+    if isinstance(item, RShared):
+        return RShared(_mark(item.inner, named, hidden, may_hide), item.name)
+    if not isinstance(item, RCall) or item.args is None:
+        return item
+    args = tuple(_mark(a, named, hidden, may_hide) for a in item.args)
+    kwargs = tuple((k, _mark(v, named, hidden, may_hide)) for k, v in item.kwargs)
+    item = replace(item, args=args, kwargs=kwargs)
+    for pattern, name in named.values():
+        if not _respells(item, pattern, name, named, hidden):
+            continue
+        if name is None:
+            name = hidden.get(id(pattern))
+            if name is None:
+                if not may_hide:
+                    continue
+                name = hidden[id(pattern)] = f"{HIDDEN_NAME_PREFIX}{len(hidden) + 1}"
+        return replace(item, respells=name)
+    return item
+
+
+def _respells(call: RCall, pattern: PCall, name: Optional[str], named: dict, hidden: dict) -> bool:
+    if call.op != pattern.op or call.rest or pattern.rest or pattern.commutes is not None:
+        return False
+    if pattern.args is None or len(call.args) != len(pattern.args) or len(call.kwargs) != len(pattern.kwargs):
+        return False
+    if call.op == "call_module":
+        if not (isinstance(call.target, RReuse) and name is not None and call.target.name == name):
+            return False
+    elif len(pattern.targets) != 1 or not (pattern.targets[0] is call.target or
+                                           (call.op == "call_method" and pattern.targets[0] == call.target)):
+        return False
+    if not all(_same_item(r, p, named, hidden) for r, p in zip(call.args, pattern.args)):
+        return False
+    expected = dict(pattern.kwargs)
+    return all(key in expected and _same_item(value, expected[key], named, hidden) for key, value in call.kwargs)
+
+
+def _same_item(item: Any, pattern: Any, named: dict, hidden: dict) -> bool:
+    """Whether replacement argument ``item`` is, in every match, the value pattern argument ``pattern`` bound."""
+    bound_name = None
+    if isinstance(pattern, PBind):
+        bound_name, pattern = pattern.name, pattern.inner
+    kind = type(item)
+    if kind is RValue:
+        if item.is_capture:
+            return isinstance(pattern, PCapture) and pattern.name == item.name
+        return item.name == bound_name or (isinstance(pattern, PRef) and pattern.name == item.name)
+    if kind is RLiteral:
+        value = item.value
+        return isinstance(pattern, PLiteral) and type(value) in _PLAIN_LITERALS and \
+            type(pattern.value) is type(value) and pattern.value == value
+    if kind is RCall:
+        if item.respells is None or not isinstance(pattern, PCall) or id(pattern) not in named:
+            return False
+        return item.respells == (bound_name or hidden.get(id(pattern)))
+    return False
+
+
+def _with_names(pattern: Any, hidden: dict) -> Any:
+    """``pattern`` with each call in ``hidden`` (by id) wrapped in a PBind of its hidden name; the calls
+    above them rebuilt around the new arguments (their signature bindings too)."""
+    if isinstance(pattern, PBind):
+        inner = _with_names(pattern.inner, hidden)
+        return pattern if inner is pattern.inner else PBind(inner, pattern.name)
+    if not isinstance(pattern, PCall) or pattern.args is None:
+        return pattern
+    swapped: dict = {}  # id(old argument) -> new argument
+    for arg in tuple(pattern.args) + tuple(v for _, v in pattern.kwargs):
+        new = _with_names(arg, hidden)
+        if isinstance(arg, PCall) and id(arg) in hidden:
+            new = PBind(new, hidden[id(arg)])
+        if new is not arg:
+            swapped[id(arg)] = new
+    if not swapped:
+        return pattern
+
+    def get(p: Any) -> Any:
+        if isinstance(p, PSeq):  # a var-positional parameter's patterns (_seq): the same objects inside
+            items = tuple(swapped.get(id(i), i) for i in p.items)
+            return p if all(a is b for a, b in zip(items, p.items)) else PSeq(items, p.span)
+        return swapped.get(id(p), p)
+
+    overloads = tuple((sig, {param: get(p) for param, p in bound.items()}) for sig, bound in pattern.overloads)
+    return replace(pattern, args=tuple(get(a) for a in pattern.args),
+                   kwargs=tuple((k, get(v)) for k, v in pattern.kwargs), overloads=overloads)
 
 
 READ_CAPTURE, READ_NAME, READ_ROOT_ARGUMENTS, READ_REST, READ_MODULE_NAME = range(5)

@@ -688,6 +688,8 @@ class _ReplacementWriter(planner.ReplacementValues):
     def call(self, item: RCall) -> fx.Node:
         root = self.match.roots[item.root_index]
         self.meta_source = root
+        if item.respells is not None:
+            return self.keep(item, root)
         args, kwargs = self.arguments(item, root)
         # Not Graph.call_module: it looks the new name up in the graph's owning module (set for
         # graphs from torch.export), where new modules are not yet (they join at commit).
@@ -706,6 +708,18 @@ class _ReplacementWriter(planner.ReplacementValues):
             node.meta["val"] = value
         self.created.append(node)
         return node
+
+    def keep(self, item: RCall, root: fx.Node) -> fx.Node:
+        """A call the compiler found computes a matched node again (:func:`fxrules.engine.program.respelled`):
+        that node, kept as :meth:`call` keeps one :meth:`matched_equal` finds (the calls it re-spells in its
+        arguments first, as resolving them would)."""
+        for arg in item.args + tuple(v for _, v in item.kwargs):
+            if type(arg) is RCall:  # a respelling call's calls are respellings too
+                self.keep(arg, root)
+        kept = self.env.names[item.respells]
+        self.inherit_meta(kept, root)
+        self.kept.append(kept)
+        return kept
 
     def matched_equal(self, op: str, target: Any, args: tuple, kwargs: dict) -> Optional[fx.Node]:
         """A matched node, not a root, that computes exactly this call (:func:`planner.matched_equal`,
