@@ -805,13 +805,16 @@ def _function_name(target: Any) -> str:
 
 
 def _calls_of(replacements: tuple) -> tuple:
-    """Every RCall in ``replacements`` (nested ones included), outermost first."""
+    """Every RCall in ``replacements`` (nested ones included, and those a shared node ``CALL as name``
+    builds), outermost first."""
     found = []
     stack = list(reversed(replacements))
     while stack:
         item = stack.pop()
         if isinstance(item, RSeq):
             stack.extend(reversed(item.items))
+        elif isinstance(item, RShared):
+            stack.append(item.inner)
         elif isinstance(item, RCall):
             found.append(item)
             stack.extend(reversed([v for _, v in item.kwargs]))
@@ -1584,7 +1587,8 @@ def _template_written(call: RCall, match: Match, effects: Effects) -> Any:
 
 
 def _template_sources(item: Any, match: Match, effects: Effects) -> list:
-    """The existing nodes a replacement's value may share storage with."""
+    """The existing nodes a replacement's value may share storage with (through a shared node, ``CALL as
+    name``, and its later uses too: those of the node it builds)."""
     env = match.bindings
     found: dict = {}
     stack = [item]
@@ -1593,8 +1597,14 @@ def _template_sources(item: Any, match: Match, effects: Effects) -> list:
         if isinstance(current, RValue):
             value = (env.captures if current.is_capture else env.names).get(current.name)
             _collect_nodes(value, found)
+        elif isinstance(current, RSplat):
+            _collect_nodes(env.captures.get(current.name), found)
         elif isinstance(current, RSeq):
             stack.extend(current.items)
+        elif isinstance(current, RShared):
+            stack.append(current.inner)
+        elif isinstance(current, RRef):
+            stack.append(_shared_node(match.program, current.name))
         elif isinstance(current, RCall) and call_may_alias(current, match, effects):
             if current.args is None:
                 root = match.roots[current.root_index]
@@ -1604,6 +1614,24 @@ def _template_sources(item: Any, match: Match, effects: Effects) -> list:
                 stack.extend(current.args)
                 stack.extend(v for _, v in current.kwargs)
     return list(found)
+
+
+def _shared_node(program: Any, name: str) -> Any:
+    """The template of the shared node ``CALL as name`` among ``program``'s replacements (the checker
+    makes every later use, ``name``, refer to one)."""
+    stack = list(program.replacements)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, RShared):
+            if item.name == name:
+                return item.inner
+            stack.append(item.inner)
+        elif isinstance(item, RSeq):
+            stack.extend(item.items)
+        elif isinstance(item, RCall):
+            stack.extend(item.args or ())
+            stack.extend(v for _, v in item.kwargs)
+    raise AssertionError(f"no shared node `{name}`")  # pragma: no cover - the checker refuses it
 
 
 def _origins(analysis: Aliasing, node: fx.Node) -> list:

@@ -51,3 +51,67 @@ def test_misuses_are_reported(text, code):
     with pytest.raises(RuleFileError) as info:
         fxrules.parse_rules(text)
     assert code in [d.code for d in info.value.diagnostics]
+
+
+# -- a shared node is checked as the same call without `as` is -------------------------------------------
+
+class ReluThenAdd(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) + x
+
+
+def _codes(result) -> list:
+    return [r.code.value for r in result.report.rejected]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_shared_call_that_writes_its_input_is_refused(shared):
+    """``add_($x, 1)`` would change ``$x`` for the rest of the graph; naming the call (to use it twice)
+    must not hide the write from the planner."""
+    call = "call_method add_($x, 1)"
+    value = f"call_function torch.add({call} as s, s)" if shared else f"call_function torch.add({call}, {call})"
+    rules = fxrules.parse_rules(f"rule w [changes]: call_function torch.relu($x) -> {value}")
+    x = torch.ones(3)
+    result = fxrules.apply_rules(fx.symbolic_trace(ReluThenAdd()), rules)
+    assert result.counts == {} and _codes(result) == ["replacement-writes-input"]
+    assert torch.equal(result.module(x.clone()), ReluThenAdd()(x.clone()))
+
+
+class DrawThenRelu(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(torch.bernoulli(x))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_shared_call_that_draws_anew_is_refused(shared):
+    """Under [exact] a replacement may keep the draws it matched, not make new ones: ``bernoulli(neg($x))``
+    is a new draw, named or not."""
+    call = "call_function torch.bernoulli(call_function torch.neg($x))"
+    value = f"call_function torch.add({call} as s, s)" if shared else f"call_function torch.relu({call})"
+    rules = fxrules.parse_rules(
+        f"rule d [exact]: call_function torch.relu(call_function torch.bernoulli($x)) -> {value}")
+    result = fxrules.apply_rules(fx.symbolic_trace(DrawThenRelu()), rules)
+    assert result.counts == {} and "changes-random-draws" in _codes(result)
+
+
+class ScaledWeight(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, x):
+        return self.w * 1, x
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_shared_view_of_a_parameter_returned_is_refused(shared):
+    """The model returns a fresh tensor; a replacement returning a view of its parameter (through a split
+    the replacement names or not) would hand the caller the model's state."""
+    split = "call_function torch.split(get_attr $w, 4)"
+    first = f"call_function operator.getitem({split} as s, 0)" if shared else f"call_function operator.getitem({split}, 0)"
+    again = "call_function operator.getitem(s, 0)" if shared else f"call_function operator.getitem({split}, 0)"
+    rules = fxrules.parse_rules(
+        f"rule v [changes]: call_function operator.mul(get_attr $w, 1) -> call_method expand_as({first}, {again})")
+    result = fxrules.apply_rules(fx.symbolic_trace(ScaledWeight()), rules)
+    assert result.counts == {}, result.module.code
+    assert "output-alias-introduced" in _codes(result)
