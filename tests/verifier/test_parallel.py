@@ -168,9 +168,9 @@ def test_ctrl_c_stops_every_worker():
     command = [sys.executable, "-m", "fxrules", "verify", str(CLEANUP), "-j", "2", "--max-examples", "500",
                "--no-database", "-q"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: set = set()
     try:
         deadline = time.monotonic() + 120
-        workers: set = set()
         while time.monotonic() < deadline and len(workers) < 2:  # the pool (and its resource tracker) started
             time.sleep(0.5)
             workers = {c for c in _children(process.pid) if "spawn_main" in _cmdline(c)}
@@ -181,6 +181,12 @@ def test_ctrl_c_stops_every_worker():
     finally:
         if process.poll() is None:
             process.kill()
+        for worker in workers if process.returncode != 2 else ():  # a failed run leaves no busy orphans behind
+            if "spawn_main" in _cmdline(worker):
+                try:
+                    os.kill(worker, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     assert process.returncode == 2 and "interrupted" in err, err
     time.sleep(0.5)
     assert not [w for w in workers if Path(f"/proc/{w}").exists() and "spawn_main" in _cmdline(w)]
