@@ -126,9 +126,11 @@ class DryRun(ReplacementValues):
         return value
 
     def call(self, item: RCall) -> Any:
-        if item.respells is not None:  # a matched node the rewrite keeps: its own value
-            result = self.made[id(item)] = self.of(self.env.names[item.respells])
-            return result
+        if item.respells is not None:  # a matched node the rewrite keeps: its own value, where it has one
+            result = self.of(self.env.names[item.respells])
+            if not isinstance(result, Unknown):
+                self.made[id(item)] = result
+                return result
         result = self.made[id(item)] = self.evaluate(item)
         return result
 

@@ -250,6 +250,13 @@ class _Matcher:
         if not pattern.overloads:
             return self.positional_arguments(pattern, node)
         args, kwargs = node.args, node.kwargs
+        if pattern.in_order and not kwargs and len(args) == len(pattern.args) and not self.explain:
+            # binding would pair them in order (program._in_order); explaining binds, for its messages
+            match = self.match
+            for want, have in zip(pattern.args, args):
+                if not match(want, have):
+                    return False
+            return True
         for sig, expected in pattern.overloads:
             actual = signatures.bind(sig, args, kwargs)
             if actual is None:

@@ -11,6 +11,7 @@ Compiling needs torch; it happens once per rule set (cached on the RuleSet).
 
 from __future__ import annotations
 
+import inspect
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
@@ -107,6 +108,7 @@ class PCall:
     attrs: tuple  # ((name, P), ...) module attribute constraints
     span: A.Span
     commutes: Optional[Commutation] = None  # its two operands may match in either order (lang.commutative)
+    in_order: bool = False  # its first signature binds its arguments to its first parameters, in order (_in_order)
 
 
 Pattern = Union[PCapture, PWildcard, PLiteral, PConst, PRef, PSeq, PAlt, PBind, PGetAttr, PCall, PVariadic]
@@ -366,8 +368,9 @@ class RuleCompiler:
             commutes = None  # the pattern must give both operands to exchange them (others: by name, when bound)
         # No signature fits (e.g. `x.reshape(2, -1)`: the method takes *shape, torch.reshape a
         # tuple): compare the arguments as written. The checker accepted the rule, so it must apply.
+        commutes = commutes if overloads else None
         return PCall(call.op, targets, call.target.text, positional, keywords, rest, tuple(overloads), attrs, call.span,
-                     commutes if overloads else None)
+                     commutes, _in_order(overloads, positional, keywords, rest, commutes))
 
     def commutation(self, call: A.Call) -> Optional[Commutation]:
         """How a call pattern commutes (:mod:`fxrules.lang.commutative`), within the nesting bound."""
@@ -711,6 +714,22 @@ def _module_calls(replacements: tuple) -> tuple:
             if isinstance(item.target, (RBuilder, RNewModule)):
                 found.append(item)
     return tuple(found)
+
+
+def _in_order(overloads: list, positional: tuple, keywords: tuple, rest: bool, commutes: Any) -> bool:
+    """Whether a call pattern's arguments, all positional (no keywords, no ``...``, no exchanged
+    operands), bind to its first signature's first parameters one by one. A node whose arguments
+    are as many and all positional then binds that signature the same way, every parameter the
+    pattern leaves out absent: comparing the arguments in order is the same test as binding them
+    (the matcher's shortcut, :meth:`fxrules.engine.matcher._Matcher.arguments`)."""
+    if not overloads or keywords or rest or commutes is not None:
+        return False
+    sig, bound = overloads[0]
+    params = list(sig.parameters.values())[:len(positional)]
+    if len(params) != len(positional) or len(bound) != len(positional):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return all(p.kind in kinds and bound.get(p.name) is arg for p, arg in zip(params, positional))
 
 
 def _seq(value: Any) -> Any:
