@@ -48,7 +48,8 @@ from fxrules.engine import aliasing, fxaccess, inspection
 from fxrules.engine.aliasing import Aliasing
 from fxrules.engine.matcher import Match, class_defined_names, computes_as, overridden_on_instance
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
-                                    RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat, RValue)
+                                    RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat, RValue,
+                                    replacement_items)
 from fxrules.engine.refusals import Refusal, RefusalCode
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -1619,18 +1620,9 @@ def _template_sources(item: Any, match: Match, effects: Effects) -> list:
 def _shared_node(program: Any, name: str) -> Any:
     """The template of the shared node ``CALL as name`` among ``program``'s replacements (the checker
     makes every later use, ``name``, refer to one)."""
-    stack = list(program.replacements)
-    while stack:
-        item = stack.pop()
-        if isinstance(item, RShared):
-            if item.name == name:
-                return item.inner
-            stack.append(item.inner)
-        elif isinstance(item, RSeq):
-            stack.extend(item.items)
-        elif isinstance(item, RCall):
-            stack.extend(item.args or ())
-            stack.extend(v for _, v in item.kwargs)
+    for item in replacement_items(program.replacements):
+        if isinstance(item, RShared) and item.name == name:
+            return item.inner
     raise AssertionError(f"no shared node `{name}`")  # pragma: no cover - the checker refuses it
 
 

@@ -638,15 +638,14 @@ def _reads(replacements: tuple) -> tuple:
     return tuple(found)
 
 
-def _computed(replacements: tuple) -> tuple:
-    """The computed values (``{...}``) of the replacements, module constructor arguments included."""
-    found = []
+def replacement_items(replacements: tuple) -> Iterator[Any]:
+    """Every item of the replacements' templates: each template, the node a shared node (``CALL as
+    name``) builds, a sequence's items, a call's arguments and its module's constructor arguments."""
     stack = list(replacements)
     while stack:
         item = stack.pop()
-        if isinstance(item, RComputed):
-            found.append(item)
-        elif isinstance(item, RShared):
+        yield item
+        if isinstance(item, RShared):
             stack.append(item.inner)
         elif isinstance(item, RSeq):
             stack.extend(item.items)
@@ -655,7 +654,11 @@ def _computed(replacements: tuple) -> tuple:
             stack.extend(v for _, v in item.kwargs)
             if isinstance(item.target, RNewModule):
                 stack.extend(v for _, v in item.target.attrs)
-    return tuple(found)
+
+
+def _computed(replacements: tuple) -> tuple:
+    """The computed values (``{...}``) of the replacements, module constructor arguments included."""
+    return tuple(item for item in replacement_items(replacements) if isinstance(item, RComputed))
 
 
 def _method_objects(replacements: tuple) -> tuple:
