@@ -47,7 +47,7 @@ from fxrules.engine.budget import Budget, RealRunGuard, Unsized
 from fxrules.engine.matcher import Match
 from fxrules.engine.planner import ReplacementValues
 from fxrules.engine.program import (RBuilder, RCall, RComputed, RNewModule, RReuse, RSeq, RShared,
-                                    RSplat, RValue)
+                                    RRef, RSplat, RValue, shared_template)
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import MetadataChange
 
@@ -511,7 +511,7 @@ def layout_unknown(work: Any, match: Match) -> Optional[Refusal]:
         item = match.program.replacements[index]
         if isinstance(item, RValue) and _returns_its_input(work, root):
             continue  # an alias of x is x's layout
-        if not isinstance(item, RValue) and not _chooses_layout(item):
+        if not isinstance(item, RValue) and not _chooses_layout(item, match.program.replacements):
             continue  # new calls that lay their result out as the root's ops did (see _chooses_layout)
         refusal = _layout_unknown(match, index, root)
         if refusal is not None:
@@ -534,7 +534,7 @@ LAYOUT_CHOOSING_OPS = frozenset({"reshape", "flatten", "ravel", "to"})
 :data:`LAYOUT_CHOOSING_METHODS`."""
 
 
-def _chooses_layout(item: Any) -> bool:
+def _chooses_layout(item: Any, replacements: tuple) -> bool:
     """Whether a replacement template builds a call whose layout can differ from the root's where the rule
     is right about values: a :data:`LAYOUT_CHOOSING_METHODS` or :data:`LAYOUT_CHOOSING_OPS` call anywhere in
     it (``reshape(reshape(x, a), b) -> reshape(x, b)``: the chain copied a strided x, the new reshape may
@@ -546,9 +546,11 @@ def _chooses_layout(item: Any) -> bool:
     from fxrules.engine import aliasing
 
     if isinstance(item, RShared):
-        return _chooses_layout(item.inner)
+        return _chooses_layout(item.inner, replacements)
+    if isinstance(item, RRef):  # a later use of a shared node: what its call chooses
+        return _chooses_layout(shared_template(replacements, item.name), replacements)
     if isinstance(item, RSeq):
-        return any(_chooses_layout(i) for i in item.items)
+        return any(_chooses_layout(i, replacements) for i in item.items)
     if not isinstance(item, RCall):
         return False
     if item.op == "call_method":
@@ -560,7 +562,8 @@ def _chooses_layout(item: Any) -> bool:
         name = getattr(packet if packet is not None else target, "__name__", None)
         if name in LAYOUT_CHOOSING_OPS or not aliasing.function_is_known(target):
             return True
-    return any(_chooses_layout(a) for a in (item.args or ())) or any(_chooses_layout(v) for _, v in item.kwargs)
+    return any(_chooses_layout(a, replacements) for a in (item.args or ())) or \
+        any(_chooses_layout(v, replacements) for _, v in item.kwargs)
 
 
 def _returns_its_input(work: Any, root: fx.Node) -> bool:

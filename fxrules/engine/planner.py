@@ -49,7 +49,7 @@ from fxrules.engine.aliasing import Aliasing
 from fxrules.engine.matcher import Match, class_defined_names, computes_as, overridden_on_instance
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
                                     RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat, RValue,
-                                    replacement_items)
+                                    shared_template)
 from fxrules.engine.refusals import Refusal, RefusalCode
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -1605,7 +1605,7 @@ def _template_sources(item: Any, match: Match, effects: Effects) -> list:
         elif isinstance(current, RShared):
             stack.append(current.inner)
         elif isinstance(current, RRef):
-            stack.append(_shared_node(match.program, current.name))
+            stack.append(shared_template(match.program.replacements, current.name))
         elif isinstance(current, RCall) and call_may_alias(current, match, effects):
             if current.args is None:
                 root = match.roots[current.root_index]
@@ -1615,15 +1615,6 @@ def _template_sources(item: Any, match: Match, effects: Effects) -> list:
                 stack.extend(current.args)
                 stack.extend(v for _, v in current.kwargs)
     return list(found)
-
-
-def _shared_node(program: Any, name: str) -> Any:
-    """The template of the shared node ``CALL as name`` among ``program``'s replacements (the checker
-    makes every later use, ``name``, refer to one)."""
-    for item in replacement_items(program.replacements):
-        if isinstance(item, RShared) and item.name == name:
-            return item.inner
-    raise AssertionError(f"no shared node `{name}`")  # pragma: no cover - the checker refuses it
 
 
 def _origins(analysis: Aliasing, node: fx.Node) -> list:

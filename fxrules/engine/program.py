@@ -656,6 +656,16 @@ def replacement_items(replacements: tuple) -> Iterator[Any]:
                 stack.extend(v for _, v in item.target.attrs)
 
 
+def shared_template(replacements: tuple, name: str) -> Any:
+    """The template of the shared node ``CALL as name`` among ``replacements``: what a later use of
+    ``name`` (an :class:`RRef`, in any root's replacement) stands for. The checker makes every later
+    use refer to one."""
+    for item in replacement_items(replacements):
+        if isinstance(item, RShared) and item.name == name:
+            return item.inner
+    raise KeyError(f"no shared node `{name}` in the replacements")
+
+
 def _computed(replacements: tuple) -> tuple:
     """The computed values (``{...}``) of the replacements, module constructor arguments included."""
     return tuple(item for item in replacement_items(replacements) if isinstance(item, RComputed))

@@ -115,3 +115,25 @@ def test_a_shared_view_of_a_parameter_returned_is_refused(shared):
     result = fxrules.apply_rules(fx.symbolic_trace(ScaledWeight()), rules)
     assert result.counts == {}, result.module.code
     assert "output-alias-introduced" in _codes(result)
+
+
+class TwoOutputsOneStrided(torch.nn.Module):
+    def forward(self, x):
+        a = torch.relu(x)
+        b = torch.sigmoid(x)
+        return a, b.view(-1)  # `view` depends on b's strides
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_root_replaced_by_a_shared_layout_choosing_call_is_refused_without_metadata(shared):
+    """Without metadata an [exact] rule may not replace a root whose strides a later node reads by a call
+    that chooses its layout by its input's (``reshape``): replacing it by the shared node that call
+    builds (a later use, ``s``) must be refused as the call itself is."""
+    call = "call_method reshape(call_method transpose($x, 0, 1), 4, 3)"
+    second = "s" if shared else call
+    first = f"call_function torch.add({call} as s, 0)" if shared else "call_function torch.relu($x)"
+    rules = fxrules.parse_rules(
+        f"rule l [exact]: call_function torch.relu($x), call_function torch.sigmoid($x) -> {first}, {second}")
+    result = fxrules.apply_rules(fx.symbolic_trace(TwoOutputsOneStrided()), rules)
+    assert result.counts == {}, result.module.code
+    assert "layout-changed" in _codes(result)
