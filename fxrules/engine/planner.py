@@ -49,7 +49,7 @@ from fxrules.engine.aliasing import Aliasing
 from fxrules.engine.matcher import Match, class_defined_names, computes_as, overridden_on_instance
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
                                     RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat, RValue,
-                                    shared_template)
+                                    replacement_items, shared_template)
 from fxrules.engine.refusals import Refusal, RefusalCode
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -808,21 +808,7 @@ def _function_name(target: Any) -> str:
 def _calls_of(replacements: tuple) -> tuple:
     """Every RCall in ``replacements`` (nested ones included, and those a shared node ``CALL as name``
     builds), outermost first."""
-    found = []
-    stack = list(reversed(replacements))
-    while stack:
-        item = stack.pop()
-        if isinstance(item, RSeq):
-            stack.extend(reversed(item.items))
-        elif isinstance(item, RShared):
-            stack.append(item.inner)
-        elif isinstance(item, RCall):
-            found.append(item)
-            stack.extend(reversed([v for _, v in item.kwargs]))
-            stack.extend(reversed(item.args or ()))
-            if isinstance(item.target, RNewModule):
-                stack.extend(v for _, v in item.target.attrs)
-    return tuple(found)
+    return tuple(item for item in replacement_items(replacements) if isinstance(item, RCall))
 
 
 @dataclass(frozen=True)

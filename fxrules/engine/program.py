@@ -639,21 +639,23 @@ def _reads(replacements: tuple) -> tuple:
 
 
 def replacement_items(replacements: tuple) -> Iterator[Any]:
-    """Every item of the replacements' templates: each template, the node a shared node (``CALL as
-    name``) builds, a sequence's items, a call's arguments and its module's constructor arguments."""
-    stack = list(replacements)
+    """Every item of the replacements' templates, each before what it holds and in the order written:
+    each template, the node a shared node (``CALL as name``) builds, a sequence's items, a call's
+    module's constructor arguments, its arguments and its keywords. The one walk over templates, so that
+    no reader of them misses a kind of item (the calls in shared nodes were once missed)."""
+    stack = list(reversed(replacements))
     while stack:
         item = stack.pop()
         yield item
         if isinstance(item, RShared):
             stack.append(item.inner)
         elif isinstance(item, RSeq):
-            stack.extend(item.items)
+            stack.extend(reversed(item.items))
         elif isinstance(item, RCall):
-            stack.extend(item.args or ())
-            stack.extend(v for _, v in item.kwargs)
+            stack.extend(reversed([v for _, v in item.kwargs]))
+            stack.extend(reversed(item.args or ()))
             if isinstance(item.target, RNewModule):
-                stack.extend(v for _, v in item.target.attrs)
+                stack.extend(reversed([v for _, v in item.target.attrs]))
 
 
 def shared_template(replacements: tuple, name: str) -> Any:
