@@ -254,3 +254,32 @@ def test_a_hidden_name_reaches_a_call_bound_to_a_var_positional_parameter():
     assert isinstance(bound["xs"], PSeq)
     assert isinstance(bound["xs"].items[0], PBind) and bound["xs"].items[0].name == "%1"
     assert bound["xs"].items[1] == PCapture("y")
+
+
+class Viewed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x):
+        return self.drop(F.gelu(self.fc(x))).view(-1)  # `view` reads the strides of what replaces the dropout
+
+
+def test_a_kept_node_without_a_value_is_given_one_by_the_dry_run():
+    """A graph with values where the re-spelled gelu has lost its ``meta['val']``: the dry run computes the
+    replacement's value from its arguments' values, as for any call, rather than leave it unknown (which
+    the layout guard, with a stride reader downstream, would have to refuse)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    gm = fx.symbolic_trace(Viewed().eval())
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    FakeTensorProp(gm, mode).propagate(mode.from_tensor(torch.randn(2, 4)))
+    gelu = next(n for n in gm.graph.nodes if n.target is F.gelu)
+    del gelu.meta["val"]
+    x = torch.randn(2, 4)
+    expected = gm(x)
+    result = fxrules.apply_rules(gm, fxrules.parse_rules(CHAIN, source="t.fxr"))
+    assert result.counts == {"chain": 1}, [r.code for r in result.report.rejected]
+    assert torch.equal(result.module(x), expected)
