@@ -136,41 +136,60 @@ class Effects:
         if entry is not None and entry[0] is module:
             return entry[1]
         cls = type(module)
-        watched = self._plain_classes.get(cls, _UNKNOWN)
-        if watched is _UNKNOWN:
-            watched = self._plain_classes[cls] = self._watched_names(cls)
-        # a plain module (see _watched_names) whose instance sets none of the watched names, registers neither
-        # flag as a member and has no hooks: every answer is the class's
-        if watched is not None and fxaccess.plain_instance(module, watched, _FLAGS):
-            facts = _PLAIN_MODULE
+        watch = self._plain_classes.get(cls, _UNKNOWN)
+        if watch is _UNKNOWN:
+            watch = self._plain_classes[cls] = self._watched_names(cls)
+        # a module of a watched class (see _watched_names) whose instance sets none of the watched names,
+        # registers neither flag as a member and has no hooks: its class answers, and for a norm or dropout
+        # its own state (training mode, p, track_running_stats, inplace) does
+        if watch is not None and fxaccess.plain_instance(module, watch.names, _FLAGS):
+            if not watch.stateful:
+                facts = _PLAIN_MODULE
+            else:
+                facts = _stateful_facts(module.__dict__.get("inplace", False) is True,
+                                        aliasing.module_updates_statistics(module), aliasing.module_draws_random(module))
         else:
-            known = self._known_classes.get(cls)
-            if known is None:
-                known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
-            # a module object that overrides its class's code (``m.forward = ...``) runs code the engine has
-            # not reviewed: unknown, hence aliasing and writing what it can reach
-            facts = ModuleFacts(known and not overridden_on_instance(module), tuple(fxaccess.hooked_kinds(module)),
-                                _module_attr(module, "inplace", False, self._classes) is True,
-                                bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)),
-                                aliasing.module_updates_statistics(module), aliasing.module_draws_random(module))
+            facts = self.facts_in_full(module)
         self._facts[id(module)] = (module, facts)
         return facts
 
-    def _watched_names(self, cls: type) -> Optional[frozenset]:
-        """For a class whose modules are plain (known to compute as a torch.nn class, neither an ``inplace``
-        nor an ``_is_impure`` of its own, not a norm or dropout, whose training mode decides what a call
-        does), the instance attribute names that would make one of its modules not plain: a name the
-        class defines (an override: :func:`overridden_on_instance`) and the two flags. None for any
-        other class: its modules are asked in full."""
+    def facts_in_full(self, module: Any) -> "ModuleFacts":
+        """:meth:`module_facts` asked of the module itself, each fact on its own (what the class answers
+        for a plain module is the same; a test holds them to agreeing)."""
+        cls = type(module)
         known = self._known_classes.get(cls)
         if known is None:
             known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
-        if not known or issubclass(cls, aliasing.STATEFUL_CALL_MODULES):
+        # a module object that overrides its class's code (``m.forward = ...``) runs code the engine has
+        # not reviewed: unknown, hence aliasing and writing what it can reach
+        return ModuleFacts(known and not overridden_on_instance(module), tuple(fxaccess.hooked_kinds(module)),
+                           _module_attr(module, "inplace", False, self._classes) is True,
+                           bool(_module_attr(module, fxaccess.IMPURE_MODULE_FLAG, False, self._classes)),
+                           aliasing.module_updates_statistics(module), aliasing.module_draws_random(module))
+
+    def _watched_names(self, cls: type) -> Optional["_Watch"]:
+        """For a class whose modules are plain (known to compute as a torch.nn class, and giving neither
+        ``inplace`` nor ``_is_impure`` a value of its own), the instance attribute names that would make
+        one of its modules not plain (:class:`_Watch`). None for any other class: its modules are asked
+        in full.
+
+        A plain module of a class outside :data:`aliasing.STATEFUL_CALL_MODULES` computes as its class
+        says whatever its state: every answer is the class's (:data:`_PLAIN_MODULE`). A norm or dropout
+        (stateful) sets ``inplace`` on the instance, and its training mode, ``p`` and
+        ``track_running_stats`` decide whether a call draws or updates statistics, so ``inplace`` is
+        not watched and those facts are read from the module; the rest (known, no hooks, not impure)
+        is still the class's."""
+        known = self._known_classes.get(cls)
+        if known is None:
+            known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
+        if not known:
             return None
         if _module_attr_of_class(cls, "inplace", self._classes) is not _ABSENT or \
                 _module_attr_of_class(cls, fxaccess.IMPURE_MODULE_FLAG, self._classes) is not _ABSENT:
             return None
-        return class_defined_names(cls) | {"inplace", fxaccess.IMPURE_MODULE_FLAG}
+        if issubclass(cls, aliasing.STATEFUL_CALL_MODULES):
+            return _Watch(class_defined_names(cls) | {fxaccess.IMPURE_MODULE_FLAG}, True)
+        return _Watch(class_defined_names(cls) | {"inplace", fxaccess.IMPURE_MODULE_FLAG}, False)
 
     def _module_effects(self, target: str) -> tuple:
         """(writes its input, marked impure) for the module ``target`` names now."""
@@ -657,6 +676,23 @@ input or has an effect (see :meth:`Effects.module_facts`)."""
 
 _PLAIN_MODULE = ModuleFacts(True, (), False, False, False, False)
 """The facts of a plain module (:meth:`Effects._watched_names`): known, no hooks, no flags, no state."""
+
+
+class _Watch(NamedTuple):
+    """How :meth:`Effects.module_facts` asks the modules of one class (:meth:`Effects._watched_names`)."""
+
+    names: frozenset  # instance attributes that make a module of the class not plain
+    stateful: bool  # a norm or dropout: its own state decides part of its facts
+
+
+_STATEFUL_FACTS = {(w, u, d): ModuleFacts(True, (), w, False, u, d)
+                   for w in (False, True) for u in (False, True) for d in (False, True)}
+_STATEFUL_FACTS[(False, False, False)] = _PLAIN_MODULE  # an eval-mode norm or dropout: what _scan skips
+
+
+def _stateful_facts(writes_input: bool, updates_statistics: bool, draws_random: bool) -> ModuleFacts:
+    """The facts of a plain norm or dropout (known, no hooks, not impure), one shared object per answer."""
+    return _STATEFUL_FACTS[(writes_input, updates_statistics, draws_random)]
 
 _SCAN_NOTHING = (False, False)
 """What :meth:`Effects._method_scan` says of a method that writes nothing and draws nothing (this object)."""

@@ -942,16 +942,68 @@ class _ImpureClass(nn.Linear):
     _is_impure = True
 
 
+class _AlwaysInPlaceDropout(nn.Dropout):
+    inplace = True  # the class gives the flag a value: its modules are asked in full
+
+
+class _InPlaceProperty(nn.Dropout):
+    @property
+    def inplace(self):  # noqa: D401  (a descriptor: only getattr can say)
+        return True
+
+    @inplace.setter
+    def inplace(self, value):
+        pass
+
+
+def _with(module: nn.Module, **attrs) -> nn.Module:
+    for name, value in attrs.items():
+        setattr(module, name, value)
+    return module
+
+
+def _stateful_hooked() -> nn.Module:
+    module = nn.BatchNorm2d(2).eval()
+    module.register_forward_hook(lambda m, args, out: None)
+    return module
+
+
+def _stateful_overridden() -> nn.Module:
+    module = nn.Dropout(0.5).eval()
+    module.forward = lambda x: x * 2
+    return module
+
+
+def _stateful_flag_member() -> nn.Module:
+    module = nn.Dropout(0.5).eval()
+    module.register_buffer("_is_impure", torch.tensor(True))
+    return module
+
+
+def _bn_relu(train: bool) -> nn.Module:
+    from torch.ao.nn.intrinsic import BNReLU2d
+    return BNReLU2d(nn.BatchNorm2d(2), nn.ReLU()).train(train)
+
+
 @pytest.mark.parametrize("make", [
     lambda: nn.Linear(2, 2), lambda: nn.LayerNorm(2), lambda: nn.ReLU(), lambda: nn.ReLU(inplace=True),
     lambda: nn.BatchNorm1d(2), lambda: nn.BatchNorm1d(2).eval(), lambda: nn.Dropout(0.5), lambda: nn.Dropout(0.5).eval(),
     lambda: nn.Dropout(0.0), _flagged_by_member, _hooked, _overridden, _impure, lambda: _ImpureClass(2, 2),
-    lambda: nn.Sequential(nn.Linear(2, 2)), lambda: nn.Module()])
+    lambda: nn.Sequential(nn.Linear(2, 2)), lambda: nn.Module(),
+    # norms and dropouts: the class answers part, the module's own state the rest
+    lambda: nn.Dropout(0.5, inplace=True), lambda: nn.Dropout(0.5, inplace=True).eval(), lambda: nn.Dropout2d(0.0),
+    lambda: _with(nn.Dropout(0.5), inplace=1), lambda: _with(nn.Dropout(0.5), p=0), lambda: nn.AlphaDropout(0.2),
+    lambda: nn.RReLU(), lambda: nn.RReLU().eval(), lambda: nn.BatchNorm2d(2, track_running_stats=False),
+    lambda: nn.BatchNorm2d(2, momentum=None), lambda: nn.InstanceNorm2d(2, track_running_stats=True),
+    lambda: nn.InstanceNorm2d(2), lambda: nn.SyncBatchNorm(2).eval(), lambda: _with(nn.Dropout(0.5).eval(), _is_impure=True),
+    lambda: _AlwaysInPlaceDropout(0.5).eval(), lambda: _InPlaceProperty(0.5).eval(), _stateful_hooked,
+    _stateful_overridden, _stateful_flag_member, lambda: _bn_relu(True), lambda: _bn_relu(False)])
 def test_module_facts_are_each_fact_asked_in_full(make):
-    """Effects.module_facts answers a plain module (its class known and flag-free, not a norm or dropout,
-    the instance overriding nothing, without hooks) from its class alone; any other module is asked in
-    full. Either way the answers are those of the long way."""
+    """Effects.module_facts answers a plain module (its class known and flag-free, the instance overriding
+    nothing, without hooks) from its class alone, and a plain norm or dropout from its class and its own
+    state; any other module is asked in full. Either way the answers are those of the long way."""
     module = make()
     effects = Effects(lambda target: module)
     assert tuple(effects.module_facts(module)) == _facts_in_full(effects, module)
+    assert tuple(effects.facts_in_full(module)) == _facts_in_full(effects, module)
     assert effects.module_facts(module) is effects.module_facts(module)  # once per module object
