@@ -95,7 +95,7 @@ class Effects:
         # walk, then kept by node_created/node_erased, so a check does not walk every module call
         self._writers: Optional[tuple] = None
         # (graph, {node: None}) for the nodes that write an input in place (mutated_inputs not empty):
-        # one walk per run, then kept by node_created/node_erased/module_replaced. Empty on most graphs,
+        # one walk per run, then kept by node_created/node_erased. Empty on most graphs,
         # which lets the checks that look for a write (replaced_by_value, reads_across_mutation) stop early.
         self._writer_nodes: Optional[tuple] = None
         # (graph, {node: None}) for the nodes that draw random numbers: found by the same walk, kept alike
@@ -459,10 +459,11 @@ class Effects:
     def writers(self, graph: fx.Graph) -> dict:
         """The nodes of ``graph`` that write one of their inputs in place (:meth:`mutated_inputs` not
         empty; every call the engine does not know), as a dict used as an ordered set. The first call
-        walks the graph; the workpiece then reports each node it creates or erases and each module it
-        puts under a name that nodes call (:meth:`node_created`, :meth:`node_erased`,
-        :meth:`module_replaced`). Nothing else makes a node a writer: its target never changes, and a
-        rewire replaces a node argument by another node."""
+        walks the graph; the workpiece then reports each node it creates or erases
+        (:meth:`node_created`, :meth:`node_erased`). Nothing else makes a node a writer: its target
+        never changes, a rewire replaces a node argument by another node, and a new module takes an
+        existing module's name only when no node that outlives the rewrite calls that name
+        (:meth:`fxrules.engine.transaction.Workpiece.take_name`)."""
         entry = self._writer_nodes
         if entry is None or entry[0] is not graph:
             self._scan(graph)
@@ -582,15 +583,6 @@ class Effects:
                 entry[1][node] = None
             else:
                 entry[1].pop(node, None)
-
-    def module_replaced(self, callers: Any) -> None:
-        """A new module now stands under the name that ``callers`` (call_module nodes) call."""
-        for node in list(callers):
-            self._note_writer(node)
-            if self._writers is not None and node.graph is self._writers[0]:
-                entry = self._module_entry(node)
-                if entry[1]:
-                    self._writers[1][node] = entry
 
     def node_created(self, node: fx.Node) -> None:
         """A node the rewrite made (or kept): a module call that writes joins the writers."""

@@ -225,11 +225,15 @@ class Program:
     computed: tuple = ()  # the replacements' RComputed values, evaluated before the graph is touched
     method_objects: tuple = ()  # (RCall, capture name or None: forwarded): call_method replacements' objects
     flags: tuple = ()  # per condition: its conditions.ModuleFlag form (`not bn.training`), or None
+    reused_modules: tuple = ()  # `as` names of matched call_module nodes whose module a replacement call calls again
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "computed", _computed(self.replacements))
         object.__setattr__(self, "method_objects", _method_objects(self.replacements))
         object.__setattr__(self, "flags", tuple(module_flag(c) for c in self.conditions))
+        object.__setattr__(self, "reused_modules", tuple(dict.fromkeys(
+            item.target.name for item in replacement_items(self.replacements)
+            if isinstance(item, RCall) and isinstance(item.target, RReuse))))
         if any(_reads_metadata(c.cond) for c in self.computed):
             object.__setattr__(self, "needs_metadata", True)
         keys = tuple(_match_keys(p) for p in self.requires)

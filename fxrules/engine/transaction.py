@@ -362,14 +362,18 @@ class Workpiece:
             self._index()
         return self._read_below.get(target, 0) > 0
 
-    def add_module(self, name: str, module: nn.Module, *, reuse: bool = False) -> str:
-        if not reuse:
-            name = self.unique_name(name)
+    def add_module(self, name: str, module: nn.Module) -> str:
+        """Put ``module`` under a new name made from ``name`` (:meth:`unique_name`); returns it."""
+        return self.take_name(self.unique_name(name), module)
+
+    def take_name(self, name: str, module: nn.Module) -> str:
+        """Put ``module`` under ``name``. An existing module's name only when every node calling it now
+        is erased by the rewrite in progress (:meth:`_ReplacementWriter._only_matched_use`; ``apply_match``
+        checks it afterwards): no node that outlives the rewrite calls the old module by that name, so no
+        node's effects (:class:`Effects`) change with it."""
         self.new_modules[name] = module
         if self._lookup is not None:
             self._lookup[name] = module
-        if reuse:  # the nodes still calling the name now call this module (what it writes may differ)
-            self.effects.module_replaced(self.callers_of(name))
         return name
 
     def close(self) -> None:
@@ -601,6 +605,7 @@ class _ReplacementWriter(planner.ReplacementValues):
         self.created: list[fx.Node] = []
         self.meta_source: fx.Node = match.roots[0]
         self.reused_names: set[str] = set()
+        self.kept_matched: Optional[frozenset] = None  # planner.kept_nodes(match).nodes, found when first asked
         self.premade: dict = {}  # id(RCall) -> (module, reference module, base name)
         self.origin: Optional[tuple] = None  # (rule name, rule file:line) for the new nodes' meta
         self.kept: list[fx.Node] = []  # matched nodes the replacement uses as they are (matched_equal)
@@ -751,17 +756,33 @@ class _ReplacementWriter(planner.ReplacementValues):
         for target in candidates:
             if target not in self.reused_names and self._only_matched_use(target):
                 self.reused_names.add(target)
-                return self.work.add_module(target, module, reuse=True)
+                return self.work.take_name(target, module)
         if root.op == "call_module" and "." in root.target:
             base = root.target.rsplit(".", 1)[0] + "." + base.rsplit(".", 1)[-1]
         return self.work.add_module(base, module)
 
     def _only_matched_use(self, target: str) -> bool:
-        """No node outside the match calls ``target`` or reads an attribute inside it."""
+        """Whether the new module may take the name ``target``: every node calling it now is a matched
+        node that this rewrite erases, and no node reads an attribute inside it. A node still calling the
+        name after the rewrite would call the new module instead of the old one.
+
+        A matched node outlives the rewrite when the replacement keeps it (:func:`planner.kept_nodes`: it
+        reads the node by name or capture, directly or through a kept node), or when a replacement call
+        names its module again (``call_module conv($x)``: the transaction may keep the matched node as it
+        is, or make a new node calling the same name; either calls whatever the name holds). Every other
+        matched node is left without users and erased (the planner refuses a match whose interior nodes
+        are read outside it or have effects the rewrite would drop)."""
         matched = self.env.nodes
-        if not all(n in matched for n in self.work.callers_of(target)):
+        callers = self.work.callers_of(target)
+        if not all(n in matched for n in callers) or self.work.reads_inside(target):
             return False
-        return not self.work.reads_inside(target)
+        names = self.env.names
+        for item in self.match.program.reused_modules:
+            if names[item].target == target:
+                return False
+        if self.kept_matched is None:
+            self.kept_matched = planner.kept_nodes(self.match).nodes
+        return self.kept_matched.isdisjoint(callers)
 
     def constructor_value(self, item: Any) -> Any:
         value = self.value(item)
@@ -835,6 +856,8 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     matched_names = tuple([n.name for n in roots] + [n.name for n in matched if n not in roots])
     attrs = match.bindings.attrs
     touched.update(_erase_dead(work, [*matched, *attrs] if attrs else list(matched), matched))
+    for name in writer.reused_names:
+        _check_name_taken(work, name, writer.created)
     work.changed.update(touched)
     erased = fxaccess.erased
     touched = {node for node in touched if node.graph is not None and not erased(node)}
@@ -842,6 +865,17 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     replaced_by = tuple([v.name if isinstance(v, fx.Node) else repr(v) for v in new_values])
     return Applied(rule.name, rule.source, matched_names, tuple([n.name for n in writer.created]), replaced_by,
                    changes), touched
+
+
+def _check_name_taken(work: Workpiece, name: str, created: list) -> None:
+    """After a rewrite whose new module took the name of a module it replaced: only the nodes the rewrite
+    made call that name (:meth:`_ReplacementWriter._only_matched_use` decided, before the edit, that every
+    other caller would be erased). One left would now compute with the new module; the run fails and is
+    undone rather than answer otherwise than the rule says."""
+    for node in work.callers_of(name):
+        if node not in created and not fxaccess.erased(node):
+            raise RuntimeError(f"internal error: node %{node.name} still calls `{name}`, which a rewrite gave to a "
+                               f"new module")
 
 
 def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:

@@ -800,15 +800,16 @@ def test_the_private_torch_members_this_reads():
         handle.remove()
 
 
-def test_writers_follow_created_erased_nodes_and_modules_replaced_under_a_name():
+def test_writers_follow_created_and_erased_nodes():
     """Effects.writers (the nodes writing an input in place, found once per run) is kept by the
-    workpiece: a module put under a name a node calls, a new in-place node, an erased one."""
+    workpiece: a new in-place node joins, an erased one leaves; a new module under a new name changes
+    no existing node."""
     from fxrules.engine.transaction import Workpiece
 
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.act = torch.nn.ReLU()
+            self.act = torch.nn.ReLU(inplace=True)
 
         def forward(self, x):
             return self.act(x + 1)
@@ -816,10 +817,10 @@ def test_writers_follow_created_erased_nodes_and_modules_replaced_under_a_name()
     gm = torch.fx.symbolic_trace(Model())
     work = Workpiece(gm.graph, gm, class_name="Model")
     effects = work.effects
-    assert list(effects.writers(gm.graph)) == []
     act = next(n for n in gm.graph.nodes if n.op == "call_module")
-    work.add_module("act", torch.nn.ReLU(inplace=True), reuse=True)
     assert list(effects.writers(gm.graph)) == [act]
+    name = work.add_module("act", torch.nn.ReLU())
+    assert name != "act" and list(effects.writers(gm.graph)) == [act]
     add = next(n for n in gm.graph.nodes if n.op == "call_function")
     with gm.graph.inserting_after(add):
         written = work.new_node("call_method", "add_", (add, 1), {})

@@ -1,0 +1,154 @@
+"""The name a module made by a replacement takes.
+
+A new module takes the name of the module it replaces (a builder's first module input, else the
+root's) when nothing calls that name after the rewrite. A matched node that the rewrite keeps, or a
+replacement call that calls the matched module again, still calls the name: the new module then
+takes another name, or the kept node would compute with the new module (a fold of conv and batch norm
+answered where the rule asked for the plain conv).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+import fxrules
+
+
+class ConvBn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    model = ConvBn().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2.0)
+        model.bn.weight.uniform_(0.5, 2.0)
+    return model
+
+
+def _rule(replacement: str) -> fxrules.RuleSet:
+    return fxrules.parse_rules(f"""
+rule fold [approx]:
+    call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
+    where not bn.training
+    -> {replacement}
+""", source="names.fxr")
+
+
+PLAIN_CONV_KEPT = {
+    # the replacement reads the matched conv node by name: it stays, calling `conv`
+    "by name, after": "call_function torch.add(conv, call_module fxrules.builders.fold_conv_bn(conv, bn)($x))",
+    "by name, before": "call_function torch.add(call_module fxrules.builders.fold_conv_bn(conv, bn)($x), conv)",
+    "by name, shared": "call_function torch.add(call_module fxrules.builders.fold_conv_bn(conv, bn)($x) as f, "
+                       "call_function torch.mul(conv, f))",
+    # the replacement calls the matched conv's module again (the transaction keeps the matched node)
+    "called again": "call_function torch.add(call_module conv($x), call_module fxrules.builders.fold_conv_bn(conv, bn)($x))",
+    "called again, after": "call_function torch.add(call_module fxrules.builders.fold_conv_bn(conv, bn)($x), "
+                           "call_module conv($x))",
+    # a new node calling the conv's module on another input
+    "called again on a new value": "call_function torch.add(call_module conv(call_function torch.neg($x)), "
+                                   "call_module fxrules.builders.fold_conv_bn(conv, bn)($x))",
+    "called again on a new value, after": "call_function torch.add(call_module fxrules.builders.fold_conv_bn(conv, bn)($x), "
+                                          "call_module conv(call_function torch.neg($x)))",
+}
+
+
+def _expected(model: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    folded = model.bn(model.conv(x))
+    if name == "by name, shared":
+        return folded + model.conv(x) * folded
+    if name == "called again on a new value":
+        return model.conv(-x) + folded
+    if name == "called again on a new value, after":
+        return folded + model.conv(-x)
+    return model.conv(x) + folded
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+@pytest.mark.parametrize("name", sorted(PLAIN_CONV_KEPT))
+def test_a_kept_or_recalled_module_keeps_its_name_and_module(name, inplace):
+    model = _model()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = _expected(model, name, x)
+    gm = fx.symbolic_trace(model)
+    result = fxrules.apply_rules(gm, _rule(PLAIN_CONV_KEPT[name]), inplace=inplace)
+    assert result.counts == {"fold": 1}
+    out = result.module
+    assert out.get_submodule("conv") is model.conv  # still the plain conv, under its own name
+    conv_callers = [n for n in out.graph.nodes if n.op == "call_module" and n.target == "conv"]
+    assert conv_callers, out.code
+    fused = [n.target for n in out.graph.nodes if n.op == "call_module" and n.target != "conv"]
+    assert len(fused) == 1 and isinstance(out.get_submodule(fused[0]), nn.Conv2d)
+    assert out.get_submodule(fused[0]) is not model.conv
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_the_folded_module_takes_the_conv_name_when_nothing_else_calls_it(inplace):
+    model = _model()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+    gm = fx.symbolic_trace(model)
+    result = fxrules.apply_rules(gm, _rule("call_module fxrules.builders.fold_conv_bn(conv, bn)($x)"), inplace=inplace)
+    out = result.module
+    assert [n.target for n in out.graph.nodes if n.op == "call_module"] == ["conv"]
+    assert out.conv is not model.conv and not hasattr(out, "bn")
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), expected, rtol=1e-4, atol=1e-5)
+
+
+class ConvUsedTwice(nn.Module):
+    """The same conv module called twice: only one call is matched."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) + self.conv(x * 2)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_a_module_called_outside_the_match_keeps_its_name(inplace):
+    torch.manual_seed(0)
+    model = ConvUsedTwice().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+    x = torch.randn(2, 3, 5, 5)
+    with torch.no_grad():
+        expected = model(x)
+    result = fxrules.apply_rules(fx.symbolic_trace(model), _rule("call_module fxrules.builders.fold_conv_bn(conv, bn)($x)"),
+                                 inplace=inplace)
+    out = result.module
+    assert result.counts == {"fold": 1}
+    assert out.get_submodule("conv") is model.conv
+    with torch.no_grad():
+        torch.testing.assert_close(out(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_caller_left_after_a_name_was_taken_fails_the_run():
+    """The check after each rewrite: a node other than the rewrite's own that still calls a name the new
+    module took is an internal error (the run is undone), never a model silently computing otherwise."""
+    from fxrules.engine.transaction import Workpiece, _check_name_taken
+
+    gm = fx.symbolic_trace(_model())
+    work = Workpiece(gm.graph, gm, class_name="ConvBn")
+    conv = next(n for n in gm.graph.nodes if n.target == "conv")
+    work.take_name("conv", nn.Identity())
+    with pytest.raises(RuntimeError, match="still calls `conv`"):
+        _check_name_taken(work, "conv", [])
+    _check_name_taken(work, "conv", [conv])  # a node the rewrite made may call it
