@@ -143,11 +143,12 @@ class Effects:
         # registers neither flag as a member and has no hooks: its class answers, and for a norm or dropout
         # its own state (training mode, p, track_running_stats, inplace) does
         if watch is not None and fxaccess.plain_instance(module, watch.names, _FLAGS):
+            writes_input = module.__dict__.get("inplace", False) is True
             if not watch.stateful:
-                facts = _PLAIN_MODULE
+                facts = _WRITES_INPUT_MODULE if writes_input else _PLAIN_MODULE
             else:
-                facts = _stateful_facts(module.__dict__.get("inplace", False) is True,
-                                        aliasing.module_updates_statistics(module), aliasing.module_draws_random(module))
+                facts = _stateful_facts(writes_input, aliasing.module_updates_statistics(module),
+                                        aliasing.module_draws_random(module))
         else:
             facts = self.facts_in_full(module)
         self._facts[id(module)] = (module, facts)
@@ -173,12 +174,13 @@ class Effects:
         one of its modules not plain (:class:`_Watch`). None for any other class: its modules are asked
         in full.
 
-        A plain module of a class outside :data:`aliasing.STATEFUL_CALL_MODULES` computes as its class
-        says whatever its state: every answer is the class's (:data:`_PLAIN_MODULE`). A norm or dropout
-        (stateful) sets ``inplace`` on the instance, and its training mode, ``p`` and
-        ``track_running_stats`` decide whether a call draws or updates statistics, so ``inplace`` is
-        not watched and those facts are read from the module; the rest (known, no hooks, not impure)
-        is still the class's."""
+        A plain module (its instance sets no watched name, registers neither flag as a member, has no
+        hooks) is known, hookless and not impure, as its class is. Whether it writes its input is its
+        own ``inplace`` (``nn.ReLU(inplace=True)``, ``nn.Dropout(inplace=...)`` set it on the instance,
+        so it is not watched). For a class outside :data:`aliasing.STATEFUL_CALL_MODULES` that is all
+        (:data:`_PLAIN_MODULE`, :data:`_WRITES_INPUT_MODULE`); for a norm or dropout (stateful) its
+        training mode, ``p`` and ``track_running_stats`` decide whether a call draws or updates
+        statistics, read from the module."""
         known = self._known_classes.get(cls)
         if known is None:
             known = self._known_classes[cls] = aliasing.module_class_is_known(cls, computes_as)
@@ -187,9 +189,8 @@ class Effects:
         if _module_attr_of_class(cls, "inplace", self._classes) is not _ABSENT or \
                 _module_attr_of_class(cls, fxaccess.IMPURE_MODULE_FLAG, self._classes) is not _ABSENT:
             return None
-        if issubclass(cls, aliasing.STATEFUL_CALL_MODULES):
-            return _Watch(class_defined_names(cls) | {fxaccess.IMPURE_MODULE_FLAG}, True)
-        return _Watch(class_defined_names(cls) | {"inplace", fxaccess.IMPURE_MODULE_FLAG}, False)
+        return _Watch(class_defined_names(cls) | {fxaccess.IMPURE_MODULE_FLAG},
+                      issubclass(cls, aliasing.STATEFUL_CALL_MODULES))
 
     def _module_effects(self, target: str) -> tuple:
         """(writes its input, marked impure) for the module ``target`` names now."""
@@ -677,9 +678,13 @@ class _Watch(NamedTuple):
     stateful: bool  # a norm or dropout: its own state decides part of its facts
 
 
+_WRITES_INPUT_MODULE = ModuleFacts(True, (), True, False, False, False)
+"""The facts of a plain module whose ``inplace`` is True (``nn.ReLU(inplace=True)``): it writes its input."""
+
 _STATEFUL_FACTS = {(w, u, d): ModuleFacts(True, (), w, False, u, d)
                    for w in (False, True) for u in (False, True) for d in (False, True)}
 _STATEFUL_FACTS[(False, False, False)] = _PLAIN_MODULE  # an eval-mode norm or dropout: what _scan skips
+_STATEFUL_FACTS[(True, False, False)] = _WRITES_INPUT_MODULE
 
 
 def _stateful_facts(writes_input: bool, updates_statistics: bool, draws_random: bool) -> ModuleFacts:

@@ -981,6 +981,20 @@ def _stateful_flag_member() -> nn.Module:
     return module
 
 
+class _InPlaceReLU(nn.ReLU):
+    inplace = True
+
+
+def _flag_buffer(module: nn.Module) -> nn.Module:
+    module.register_buffer("inplace", torch.tensor(False))
+    return module
+
+
+def _hook(module: nn.Module) -> nn.Module:
+    module.register_forward_hook(lambda m, args, out: None)
+    return module
+
+
 def _bn_relu(train: bool) -> nn.Module:
     from torch.ao.nn.intrinsic import BNReLU2d
     return BNReLU2d(nn.BatchNorm2d(2), nn.ReLU()).train(train)
@@ -998,7 +1012,11 @@ def _bn_relu(train: bool) -> nn.Module:
     lambda: nn.BatchNorm2d(2, momentum=None), lambda: nn.InstanceNorm2d(2, track_running_stats=True),
     lambda: nn.InstanceNorm2d(2), lambda: nn.SyncBatchNorm(2).eval(), lambda: _with(nn.Dropout(0.5).eval(), _is_impure=True),
     lambda: _AlwaysInPlaceDropout(0.5).eval(), lambda: _InPlaceProperty(0.5).eval(), _stateful_hooked,
-    _stateful_overridden, _stateful_flag_member, lambda: _bn_relu(True), lambda: _bn_relu(False)])
+    _stateful_overridden, _stateful_flag_member, lambda: _bn_relu(True), lambda: _bn_relu(False),
+    # `inplace` on a plain module's instance is its own: read from it
+    lambda: nn.LeakyReLU(0.1, inplace=True), lambda: nn.Hardtanh(inplace=True), lambda: _with(nn.ReLU(), inplace=1),
+    lambda: _with(nn.Linear(2, 2), inplace=True), lambda: _with(nn.ReLU(inplace=True), _is_impure=False),
+    lambda: _flag_buffer(nn.Tanh()), lambda: _InPlaceReLU(), lambda: _hook(nn.ReLU(inplace=True))])
 def test_module_facts_are_each_fact_asked_in_full(make):
     """Effects.module_facts answers a plain module (its class known and flag-free, the instance overriding
     nothing, without hooks) from its class alone, and a plain norm or dropout from its class and its own
