@@ -920,8 +920,10 @@ def _place_like(module: nn.Module, reference: Optional[nn.Module], training: boo
                    for t in own):
                 module = module.to(device=tensor.device, dtype=tensor.dtype if has_float else None) \
                     if has_float else module.to(device=tensor.device)
-        module.train(reference.training)
-    else:
+        training = reference.training
+    # Module.train sets the mode of the module and every submodule; a module without submodules already
+    # in that mode, whose class keeps torch's train, would be left as it is (a fold's conv, in eval mode)
+    if module._modules or module.training != training or type(module).train is not nn.Module.train:
         module.train(training)
     return module
 

@@ -152,3 +152,34 @@ def test_a_caller_left_after_a_name_was_taken_fails_the_run():
     with pytest.raises(RuntimeError, match="still calls `conv`"):
         _check_name_taken(work, "conv", [])
     _check_name_taken(work, "conv", [conv])  # a node the rewrite made may call it
+
+
+# ---------------------------------------------------------------------------
+# Where a new module lives: the replaced module's training mode (device and dtype: test_builders)
+# ---------------------------------------------------------------------------
+
+
+class CountsTrain(nn.Linear):
+    calls = 0
+
+    def train(self, mode: bool = True):
+        CountsTrain.calls += 1
+        return super().train(mode)
+
+
+@pytest.mark.parametrize("reference_training", [False, True])
+def test_a_new_module_takes_the_replaced_modules_training_mode(reference_training):
+    from fxrules.engine.transaction import _place_like
+
+    reference = nn.Linear(2, 2).train(reference_training)
+    for module in (nn.Linear(2, 2).train(True), nn.Linear(2, 2).train(False),
+                   nn.Sequential(nn.Linear(2, 2), nn.Dropout()).train(not reference_training),
+                   nn.Sequential(nn.Linear(2, 2).train(not reference_training)).train(reference_training)):
+        placed = _place_like(module, reference, training=not reference_training)
+        assert all(m.training is reference_training for m in placed.modules())
+    placed = _place_like(nn.Sequential(nn.Dropout()).train(not reference_training), None, reference_training)
+    assert all(m.training is reference_training for m in placed.modules())
+    counted = CountsTrain(2, 2).train(reference_training)
+    CountsTrain.calls = 0
+    _place_like(counted, reference, training=False)
+    assert CountsTrain.calls == 1  # a class with its own train is always asked
