@@ -211,7 +211,7 @@ class Workpiece:
         self.extra_attrs: dict[str, Any] = dict(extra_attrs or {})
         self._taken: Optional[set] = None
         self._callers: Optional[dict] = None  # call_module target -> {node: None}, built on first use
-        self._read_below: Optional[dict] = None  # dotted prefix -> get_attr nodes reading strictly inside it
+        self._read_below: Optional[dict] = None  # dotted path -> get_attr nodes reading it or inside it
         self.notes: list[str] = []
         self.has_values = any("val" in n.meta for n in graph.find_nodes(op="placeholder"))
         # Whether the model may be trained, so a parameter requiring grad is trainable (guards): an
@@ -318,7 +318,7 @@ class Workpiece:
             callers.setdefault(node.target, {})[node] = None
         elif node.op == "get_attr" and isinstance(node.target, str):
             parts = node.target.split(".")
-            for i in range(1, len(parts)):
+            for i in range(1, len(parts) + 1):  # each module on the path, and the target itself
                 below[".".join(parts[:i])] = below.get(".".join(parts[:i]), 0) + 1
 
     def has_stride_reader(self) -> bool:
@@ -347,7 +347,7 @@ class Workpiece:
                 users.pop(node, None)
         elif node.op == "get_attr" and isinstance(node.target, str):
             parts = node.target.split(".")
-            for i in range(1, len(parts)):
+            for i in range(1, len(parts) + 1):
                 self._read_below[".".join(parts[:i])] -= 1
 
     def callers_of(self, target: str) -> Any:
@@ -357,7 +357,8 @@ class Workpiece:
         return self._callers.get(target, {})
 
     def reads_inside(self, target: str) -> bool:
-        """Whether a get_attr node reads an attribute inside module ``target`` (``target.x...``)."""
+        """Whether a get_attr node reads module ``target`` itself or an attribute inside it
+        (``target``, ``target.weight``)."""
         if self._callers is None:
             self._index()
         return self._read_below.get(target, 0) > 0
@@ -763,7 +764,7 @@ class _ReplacementWriter(planner.ReplacementValues):
 
     def _only_matched_use(self, target: str) -> bool:
         """Whether the new module may take the name ``target``: every node calling it now is a matched
-        node that this rewrite erases, and no node reads an attribute inside it. A node still calling the
+        node that this rewrite erases, and no get_attr node reads it or an attribute inside it. A node still calling the
         name after the rewrite would call the new module instead of the old one.
 
         A matched node outlives the rewrite when the replacement keeps it (:func:`planner.kept_nodes`: it

@@ -140,6 +140,38 @@ def test_a_module_called_outside_the_match_keeps_its_name(inplace):
         torch.testing.assert_close(out(x), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("read", ["conv", "conv.weight"])
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_a_module_read_by_get_attr_keeps_its_name(read, inplace):
+    """A get_attr node reading the conv module itself (a hand-built graph passing the module on), or a
+    tensor inside it, keeps reading the plain conv: the folded module takes another name."""
+    import operator
+
+    model = _model()
+    gm = fx.symbolic_trace(model)
+    graph = gm.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    bn = output.args[0]
+    with graph.inserting_before(output):
+        value = graph.get_attr(read)
+        if read == "conv":
+            value = graph.call_function(getattr, (value, "weight"))
+        total = graph.call_function(operator.add, (bn, graph.call_method("sum", (value,))))
+    output.args = (total,)
+    gm.recompile()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = gm(x)
+    result = fxrules.apply_rules(gm, _rule("call_module fxrules.builders.fold_conv_bn(conv, bn)($x)"), inplace=inplace)
+    assert result.counts == {"fold": 1}
+    if read == "conv":
+        assert result.module.get_submodule("conv") is model.conv
+    else:  # the copy keeps what the graph reads: the weight, under its path
+        assert torch.equal(result.module.get_parameter("conv.weight"), model.conv.weight)
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(x), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_a_caller_left_after_a_name_was_taken_fails_the_run():
     """The check after each rewrite: a node other than the rewrite's own that still calls a name the new
     module took is an internal error (the run is undone), never a model silently computing otherwise."""
