@@ -877,6 +877,8 @@ def _check_name_taken(work: Workpiece, name: str, created: list) -> None:
         if node not in created and not fxaccess.erased(node):
             raise RuntimeError(f"internal error: node %{node.name} still calls `{name}`, which a rewrite gave to a "
                                f"new module")
+    if work.reads_inside(name) and not any(n.op == "get_attr" for n in created):
+        raise RuntimeError(f"internal error: a get_attr node still reads `{name}`, which a rewrite gave to a new module")
 
 
 def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:

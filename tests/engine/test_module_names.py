@@ -184,6 +184,11 @@ def test_a_caller_left_after_a_name_was_taken_fails_the_run():
     with pytest.raises(RuntimeError, match="still calls `conv`"):
         _check_name_taken(work, "conv", [])
     _check_name_taken(work, "conv", [conv])  # a node the rewrite made may call it
+    with gm.graph.inserting_after(conv):
+        weight = gm.graph.get_attr("conv.weight")
+    work.created(weight)
+    with pytest.raises(RuntimeError, match="still reads `conv`"):
+        _check_name_taken(work, "conv", [conv])
 
 
 # ---------------------------------------------------------------------------
