@@ -211,7 +211,7 @@ class Workpiece:
         self.extra_attrs: dict[str, Any] = dict(extra_attrs or {})
         self._taken: Optional[set] = None
         self._callers: Optional[dict] = None  # call_module target -> {node: None}, built on first use
-        self._read_below: Optional[dict] = None  # dotted path -> get_attr nodes reading it or inside it
+        self._attr_readers: Optional[dict] = None  # dotted path -> get_attr nodes reading it or inside it
         self.notes: list[str] = []
         self.has_values = any("val" in n.meta for n in graph.find_nodes(op="placeholder"))
         # Whether the model may be trained, so a parameter requiring grad is trainable (guards): an
@@ -310,7 +310,7 @@ class Workpiece:
         below: dict = {}
         for node in self.graph.nodes:
             self._add_to_index(node, callers, below)
-        self._callers, self._read_below = callers, below
+        self._callers, self._attr_readers = callers, below
 
     @staticmethod
     def _add_to_index(node: fx.Node, callers: dict, below: dict) -> None:
@@ -333,7 +333,7 @@ class Workpiece:
         if self._stride_readers is not None and guards.is_stride_reader(node):
             self._stride_readers += 1
         if self._callers is not None:
-            self._add_to_index(node, self._callers, self._read_below)
+            self._add_to_index(node, self._callers, self._attr_readers)
 
     def erased(self, node: fx.Node) -> None:
         self.effects.node_erased(node)
@@ -348,7 +348,7 @@ class Workpiece:
         elif node.op == "get_attr" and isinstance(node.target, str):
             parts = node.target.split(".")
             for i in range(1, len(parts) + 1):
-                self._read_below[".".join(parts[:i])] -= 1
+                self._attr_readers[".".join(parts[:i])] -= 1
 
     def callers_of(self, target: str) -> Any:
         """The call_module nodes calling ``target``."""
@@ -356,12 +356,12 @@ class Workpiece:
             self._index()
         return self._callers.get(target, {})
 
-    def reads_inside(self, target: str) -> bool:
+    def read_by_get_attr(self, target: str) -> bool:
         """Whether a get_attr node reads module ``target`` itself or an attribute inside it
         (``target``, ``target.weight``)."""
         if self._callers is None:
             self._index()
-        return self._read_below.get(target, 0) > 0
+        return self._attr_readers.get(target, 0) > 0
 
     def add_module(self, name: str, module: nn.Module) -> str:
         """Put ``module`` under a new name made from ``name`` (:meth:`unique_name`); returns it."""
@@ -392,7 +392,7 @@ class Workpiece:
             effects.close()
         self.effects = None
         self.journal = UNRECORDED
-        self._lookup = self._modules = self._callers = self._read_below = self._taken = None
+        self._lookup = self._modules = self._callers = self._attr_readers = self._taken = None
 
     # -- commit ----------------------------------------------------------------
     def check_changed(self) -> None:
@@ -439,7 +439,7 @@ class Workpiece:
         module = self.root
         self.check_changed()
         for target, made in self.new_modules.items():
-            if self.callers_of(target) or self.reads_inside(target):
+            if self.callers_of(target) or self.read_by_get_attr(target):
                 _put_at(module, target, made, journal, self.training)
         if journal.unused:
             _delete_unused(module, self.modules, self.graph, journal)
@@ -764,8 +764,8 @@ class _ReplacementWriter(planner.ReplacementValues):
 
     def _only_matched_use(self, target: str) -> bool:
         """Whether the new module may take the name ``target``: every node calling it now is a matched
-        node that this rewrite erases, and no get_attr node reads it or an attribute inside it. A node still calling the
-        name after the rewrite would call the new module instead of the old one.
+        node that this rewrite erases, and no get_attr node reads it or an attribute inside it. A node
+        still calling the name after the rewrite would call the new module instead of the old one.
 
         A matched node outlives the rewrite when the replacement keeps it (:func:`planner.kept_nodes`: it
         reads the node by name or capture, directly or through a kept node), or when a replacement call
@@ -775,7 +775,7 @@ class _ReplacementWriter(planner.ReplacementValues):
         are read outside it or have effects the rewrite would drop)."""
         matched = self.env.nodes
         callers = self.work.callers_of(target)
-        if not all(n in matched for n in callers) or self.work.reads_inside(target):
+        if not all(n in matched for n in callers) or self.work.read_by_get_attr(target):
             return False
         names = self.env.names
         for item in self.match.program.reused_modules:
@@ -877,7 +877,7 @@ def _check_name_taken(work: Workpiece, name: str, created: list) -> None:
         if node not in created and not fxaccess.erased(node):
             raise RuntimeError(f"internal error: node %{node.name} still calls `{name}`, which a rewrite gave to a "
                                f"new module")
-    if work.reads_inside(name) and not any(n.op == "get_attr" for n in created):
+    if work.read_by_get_attr(name) and not any(n.op == "get_attr" for n in created):
         raise RuntimeError(f"internal error: a get_attr node still reads `{name}`, which a rewrite gave to a new module")
 
 
