@@ -1070,6 +1070,25 @@ class Kept(NamedTuple):
     calls: dict
 
 
+_NOTHING_KEPT = Kept(frozenset(), {})
+
+
+def _captures_matched(match: Match) -> bool:
+    """Whether a capture of ``match`` binds a matched node (``$x`` in ``add(relu($y) as r, $x)`` may be ``r``),
+    alone or inside a list, tuple or dict (``*$xs``)."""
+    matched = match.bindings.nodes
+    for value in match.bindings.captures.values():
+        if isinstance(value, fx.Node):
+            if value in matched:
+                return True
+        elif not isinstance(value, (int, float, bool, str, type(None))):  # a list or other container
+            found: dict = {}
+            _collect_nodes(value, found)
+            if any(node in matched for node in found):
+                return True
+    return False
+
+
 class ReplacementValues:
     """What a replacement's items stand for in a match, resolved one way for the three readers of a
     program's replacements: :func:`kept_nodes` (the planner's prediction, before the graph is edited),
@@ -1190,7 +1209,13 @@ def kept_nodes(match: Match) -> Kept:
       less is predicted kept than is, and a check relying on this refuses more, never less);
     - the matched nodes those read, transitively (a kept node's inputs keep a user).
 
-    Every other matched node is left without users and erased."""
+    Every other matched node is left without users and erased.
+
+    A replacement that only calls modules the rule makes and reads only captures
+    (``Program.new_calls_only``) keeps nothing when no capture binds a matched node: answered
+    without reading it."""
+    if match.program.new_calls_only and not _captures_matched(match):
+        return _NOTHING_KEPT
     predictor = _KeptPredictor(match)
     for replacement in match.program.replacements:
         _collect_nodes(predictor.value(replacement), predictor.found)  # what the replacement returns stays

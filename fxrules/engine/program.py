@@ -226,6 +226,7 @@ class Program:
     method_objects: tuple = ()  # (RCall, capture name or None: forwarded): call_method replacements' objects
     flags: tuple = ()  # per condition: its conditions.ModuleFlag form (`not bn.training`), or None
     reused_modules: tuple = ()  # `as` names of matched call_module nodes whose module a replacement call calls again
+    new_calls_only: bool = False  # see _new_calls_only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "computed", _computed(self.replacements))
@@ -239,6 +240,7 @@ class Program:
         keys = tuple(_match_keys(p) for p in self.requires)
         object.__setattr__(self, "requires_keys", keys)
         object.__setattr__(self, "reads", _reads(self.replacements))
+        object.__setattr__(self, "new_calls_only", _new_calls_only(self.replacements, self.reads))
         object.__setattr__(self, "prefilter", keys[0] if len(keys) == 1 else None)
 
     @property
@@ -660,6 +662,18 @@ def replacement_items(replacements: tuple) -> Iterator[Any]:
             stack.extend(reversed(item.args or ()))
             if isinstance(item.target, RNewModule):
                 stack.extend(reversed([v for _, v in item.target.attrs]))
+
+
+def _new_calls_only(replacements: tuple, reads: tuple) -> bool:
+    """Whether every call of the replacements calls a module the rule makes (a builder's or a class's),
+    with the arguments the rule writes, and the replacements read nothing of a match but its captures
+    and the modules of its named nodes (a builder's inputs): a rule folding modules into one,
+    ``BatchNorm2d(Conv2d($x) as conv) as bn -> fold_conv_bn(conv, bn)($x)``. Such a replacement
+    keeps no matched node (:func:`fxrules.engine.planner.kept_nodes`) unless a capture binds one."""
+    calls = [item for item in replacement_items(replacements) if isinstance(item, RCall)]
+    return bool(calls) and all(
+        c.op == "call_module" and isinstance(c.target, (RBuilder, RNewModule)) and c.args is not None and not c.rest
+        for c in calls) and all(kind in (READ_CAPTURE, READ_MODULE_NAME) for kind, _ in reads)
 
 
 def shared_template(replacements: tuple, name: str) -> Any:

@@ -220,3 +220,64 @@ def test_a_new_module_takes_the_replaced_modules_training_mode(reference_trainin
     CountsTrain.calls = 0
     _place_like(counted, reference, training=False)
     assert CountsTrain.calls == 1  # a class with its own train is always asked
+
+
+# ---------------------------------------------------------------------------
+# kept_nodes' shortcut for replacements that only call modules the rule makes
+# ---------------------------------------------------------------------------
+
+
+class ReluTwice(nn.Module):
+    def forward(self, y):
+        r = torch.relu(y)
+        return r + r
+
+
+def _matches(model: nn.Module, rules: fxrules.RuleSet) -> list:
+    from fxrules.engine.matcher import GraphView, match_program
+    from fxrules.engine.program import compile_rules
+
+    gm = fx.symbolic_trace(model)
+    modules = dict(gm.named_modules())
+    compiled = compile_rules(rules)
+    found = []
+    for node in gm.graph.nodes:
+        for program in compiled.programs:
+            result = match_program(program, node, GraphView(modules.get), explain=False)
+            if hasattr(result, "roots"):
+                found.append(result)
+    return found
+
+
+@pytest.mark.parametrize("model, text, kept", [
+    (_model(), "call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn -> "
+               "call_module fxrules.builders.fold_conv_bn(conv, bn)($x)", set()),
+    # $x binds the matched relu: the replacement reads it, so it stays
+    (ReluTwice(), "call_function operator.add(call_function torch.relu($y) as r, $x) -> "
+                  "call_module Identity{}($x)", {"relu"}),
+    (ReluTwice(), "call_function operator.add(call_function torch.relu($y) as r, $x) -> "
+                  "call_module Identity{}($y)", set()),
+])
+def test_the_shortcut_agrees_with_the_prediction(model, text, kept, monkeypatch):
+    from fxrules.engine import planner
+
+    rules = fxrules.parse_rules(f"rule r [changes]: {text}", source="kept.fxr")
+    matches = _matches(model, rules)
+    assert matches and all(m.program.new_calls_only for m in matches)
+    for match in matches:
+        fast = planner.kept_nodes(match)
+        with monkeypatch.context() as patched:
+            patched.setattr(planner, "_captures_matched", lambda match: True)  # always the full prediction
+            full = planner.kept_nodes(match)
+        assert fast.nodes == full.nodes and {n.name for n in fast.nodes} == kept
+
+
+def test_a_captured_matched_node_is_kept_by_a_new_module_call():
+    """The rewrite agrees: the relu the replacement reads through $x stays; the add is replaced."""
+    rules = fxrules.parse_rules("rule r [changes]: call_function operator.add(call_function torch.relu($y) as r, $x)"
+                                " -> call_module Identity{}($x)", source="kept.fxr")
+    y = torch.randn(4)
+    result = fxrules.apply_rules(fx.symbolic_trace(ReluTwice()), rules)
+    assert result.counts == {"r": 1}
+    torch.testing.assert_close(result.module(y), torch.relu(y))
+    assert [n.op for n in result.module.graph.nodes] == ["placeholder", "call_function", "call_module", "output"]
