@@ -926,7 +926,7 @@ def _place_like(module: nn.Module, reference: Optional[nn.Module], training: boo
         training = reference.training
     # Module.train sets the mode of the module and every submodule; a module without submodules already
     # in that mode, whose class keeps torch's train, would be left as it is (a fold's conv, in eval mode)
-    if module._modules or module.training != training or type(module).train is not nn.Module.train:
+    if fxaccess.children(module) or module.training != training or type(module).train is not nn.Module.train:
         module.train(training)
     return module
 
