@@ -345,8 +345,10 @@ class Effects:
         """The nodes of ``graph`` that draw random numbers (:meth:`draws_random`), as a dict used as an
         ordered set: found by the run's one walk (:meth:`_scan`), then kept as :meth:`writers` is.
         Nothing else makes a node draw: a rewire replaces a node argument by another node, and a
-        node argument counts as "may draw" either way. Empty on most graphs (inference graphs,
-        eval-mode dropout), which lets :func:`changes_random_draws` skip its walk for unused inputs."""
+        node argument counts as "may draw" either way (a node argument the planner settles to a constant can
+        only stop a node drawing: the set then holds more than draws, so a check relying on it refuses
+        more, never less). Empty on most graphs (inference graphs, eval-mode dropout), which lets
+        :func:`changes_random_draws` skip its questions about matched nodes and unused inputs."""
         entry = self._random
         if entry is None or entry[0] is not graph:
             self._scan(graph)
@@ -1019,8 +1021,11 @@ def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Option
     if contract not in RANDOM_CONTRACTS:
         return None
     kept = None
-    for node in match.bindings.nodes:
-        if effects.draws_random(node):
+    # the graph's drawing nodes (kept up to date through the run): a matched node draws when it is one of
+    # them; most graphs have none, and then neither question below is asked node by node
+    random = effects.random_nodes(match.roots[0].graph)
+    for node in match.bindings.nodes if random else ():
+        if node in random:
             if kept is None:
                 kept = kept_nodes(match)
             if node not in kept.nodes:
@@ -1035,7 +1040,7 @@ def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Option
     # the inputs the rewrite leaves unused are found only when some node of the graph draws (most graphs: none);
     # the matched nodes it keeps (read by name, computed again) keep their inputs used
     unused = ()
-    if effects.random_nodes(match.roots[0].graph):
+    if random:
         if kept is None:
             kept = kept_nodes(match)
         unused = _left_unused(match, effects, inputs, kept.nodes)
