@@ -37,6 +37,7 @@ Which values share storage, which calls are known pure and which draw random num
 from __future__ import annotations
 
 import operator
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple, Optional
 
@@ -1075,7 +1076,7 @@ class Kept(NamedTuple):
     calls: dict
 
 
-_NOTHING_KEPT = Kept(frozenset(), {})
+_NOTHING_KEPT = Kept(frozenset(), types.MappingProxyType({}))  # shared: read-only
 
 
 def _captures_matched(match: Match) -> bool:
