@@ -17,7 +17,10 @@ The builder contract
 * **No mutation**: a builder never changes its inputs: not their parameters,
   buffers, training flags, hooks or attributes. The engine may still hold the
   original graph (to roll back a rewrite, or to compare against it), so the new
-  module shares no parameter or buffer storage with the inputs.
+  module shares no parameter or buffer storage with the inputs. The engine checks
+  this: a result that is an input module, holds one, or shares an input tensor's
+  storage fails the run with an error naming the builder (it then sets the new
+  module's training mode, device and dtype, which would change the inputs).
 * **Refusal**: a builder raises :class:`BuilderError` with a message saying
   what is wrong on any input it cannot handle exactly (wrong types, training
   mode, mismatched shapes, ...). It never returns a module that is only

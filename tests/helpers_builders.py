@@ -26,3 +26,29 @@ def fold_conv_bn_ignoring_eps(conv: nn.Module, bn: nn.Module) -> nn.Module:
     careless = copy.deepcopy(bn)
     careless.eps = 0.0
     return fold_conv_bn(conv, careless)
+
+
+def sequential_of_inputs(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """Breaks the builder contract: returns the model's own modules inside a new container."""
+    return nn.Sequential(conv, bn)
+
+
+def first_input(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """Breaks the builder contract: returns one of its inputs as it is."""
+    return conv
+
+
+def sharing_weight(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """Breaks the builder contract: a new conv whose weight is the input conv's (the same storage)."""
+    import copy
+
+    new = copy.deepcopy(conv)
+    new.weight = conv.weight
+    return new
+
+
+def copies_inputs(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """Keeps the contract: a container of copies (computes bn(conv(x)) in the inputs' modes)."""
+    import copy
+
+    return nn.Sequential(copy.deepcopy(conv), copy.deepcopy(bn))

@@ -666,6 +666,13 @@ class _ReplacementWriter(planner.ReplacementValues):
                     return f"builder {spec.label} declined: {exc}"
                 if not isinstance(module, nn.Module):
                     raise TypeError(f"builder {spec.label} returned {type(module).__name__}, not an nn.Module")
+                shared = _shared_with_inputs(module, inputs, spec.names)
+                if shared is not None:
+                    raise TypeError(
+                        f"builder {spec.label} returned a module that shares {shared}; a builder returns a new "
+                        f"module (the builder contract, fxrules.builders): copy what it keeps (copy.deepcopy). "
+                        f"The engine sets a new module's training mode, device and dtype, which would change "
+                        f"the model's own modules")
                 reference = self.work.module_of(nodes[0].target) if nodes else None
                 base = _joined_name([n.target for n in nodes]) if nodes else spec.label.rsplit(".", 1)[-1]
             elif isinstance(spec, RNewModule):
@@ -907,6 +914,55 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
                 survivors.add(inp)
     # revisit what lost users: patterns rooted there may match now
     return {n for n in survivors if not fxaccess.erased(n)}
+
+
+def _shared_with_inputs(module: nn.Module, inputs: list, names: tuple) -> Optional[str]:
+    """What a builder's result shares with the inputs it was given, described, or None: one of the input
+    modules (or a module inside one) as the result or inside it, or the storage of an input tensor (an
+    input module's parameter or buffer, or a captured tensor) as one of the result's tensors.
+
+    The builder contract (:mod:`fxrules.builders`) forbids both: :func:`_place_like` sets the new
+    module's training mode (recursively) and may move it to another device or dtype, which would change
+    the model's own modules (``nn.Sequential(conv, bn)`` would put the model's eval-mode ``bn`` in
+    training mode), and the planner takes a new module's tensors for storage of its own."""
+    owned: dict = {}  # id(module) -> the input's name, for every module inside an input
+    pointers: dict = {}  # storage data pointer -> (the input's name, the tensor)
+    for value, name in zip(inputs, names):
+        label = f"`{name}`" if name.startswith("$") else f"the module `{name}`"
+        if isinstance(value, nn.Module):
+            for inner in value.modules():
+                owned.setdefault(id(inner), label)
+            tensors = fxaccess.tensors(value)
+        elif isinstance(value, torch.Tensor):
+            tensors = [value]
+        else:
+            continue
+        for tensor in tensors:
+            pointer = _data_pointer(tensor)
+            if pointer:
+                pointers.setdefault(pointer, (label, tensor))
+    if not owned and not pointers:
+        return None
+    for inner in module.modules():
+        label = owned.get(id(inner))
+        if label is not None:
+            return label + (" itself" if inner is module else " (as a submodule)")
+    if pointers:
+        from fxrules.engine.aliasing import storage_key
+
+        for tensor in fxaccess.tensors(module):
+            found = pointers.get(_data_pointer(tensor))
+            if found is not None and storage_key(found[1]) == storage_key(tensor):
+                return f"a tensor's storage with {found[0]}"
+    return None
+
+
+def _data_pointer(tensor: torch.Tensor) -> int:
+    """The data pointer of ``tensor``'s storage (0 for a tensor without data: meta, fake, empty)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:
+        return 0
 
 
 def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:

@@ -9,6 +9,8 @@ answered where the rule asked for the plain conv).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import fx, nn
@@ -281,3 +283,58 @@ def test_a_captured_matched_node_is_kept_by_a_new_module_call():
     assert result.counts == {"r": 1}
     torch.testing.assert_close(result.module(y), torch.relu(y))
     assert [n.op for n in result.module.graph.nodes] == ["placeholder", "call_function", "call_module", "output"]
+
+
+# ---------------------------------------------------------------------------
+# The builder contract: a builder returns a new module
+# ---------------------------------------------------------------------------
+
+
+def _builder_rule(builder: str) -> fxrules.RuleSet:
+    return fxrules.parse_rules(f"""
+rule fold [approx]:
+    call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
+    where not bn.training
+    -> call_module tests.helpers_builders.{builder}(conv, bn)($x)
+""", source="contract.fxr", allow_imports=["tests"])
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+@pytest.mark.parametrize("builder, shared", [
+    ("sequential_of_inputs", "the module `conv` (as a submodule)"),
+    ("first_input", "the module `conv` itself"),
+    ("sharing_weight", "a tensor's storage with the module `conv`"),
+])
+def test_a_builder_returning_the_models_own_modules_or_tensors_fails_the_run(builder, shared, inplace):
+    """Setting the new module's training mode would have put the model's eval-mode batch norm in training
+    mode (nn.Sequential(conv, bn), the conv in training mode): the caller's model changed, and the result
+    computed with batch statistics. The run fails, naming the builder and what it shares; nothing changes."""
+    model = _model()
+    model.conv.train()  # a conv computes the same in both modes; the batch norm is in eval mode
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+    gm = fx.symbolic_trace(model)
+    code = gm.code
+    with pytest.raises(fxrules.RewriteError, match=rf"contract.fxr:\d+: rule `fold` failed at node %bn: .*builder "
+                                                   rf"tests.helpers_builders.{builder} returned a module that shares "
+                                                   rf"{re.escape(shared)}"):
+        fxrules.apply_rules(gm, _builder_rule(builder), inplace=inplace)
+    assert model.bn.training is False and model.conv.training is True
+    assert gm.code == code and gm.bn is model.bn and gm.conv is model.conv
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+
+
+def test_a_builder_returning_copies_of_its_inputs_is_used():
+    model = _model()  # in eval mode: the copies keep it (a new module takes the replaced module's mode)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+    result = fxrules.apply_rules(fx.symbolic_trace(model), _builder_rule("copies_inputs"))
+    assert result.counts == {"fold": 1}
+    assert model.bn.training is False and model.conv.training is False
+    fused = result.module.get_submodule("conv")
+    assert isinstance(fused, nn.Sequential) and fused[0] is not model.conv and fused[1] is not model.bn
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(x), expected, rtol=1e-5, atol=1e-6)
