@@ -925,36 +925,44 @@ def _shared_with_inputs(module: nn.Module, inputs: list, names: tuple) -> Option
     module's training mode (recursively) and may move it to another device or dtype, which would change
     the model's own modules (``nn.Sequential(conv, bn)`` would put the model's eval-mode ``bn`` in
     training mode), and the planner takes a new module's tensors for storage of its own."""
-    owned: dict = {}  # id(module) -> the input's name, for every module inside an input
-    pointers: dict = {}  # storage data pointer -> (the input's name, the tensor)
+    own = {id(inner): inner for inner in _modules_within(module)}
+    pointers: dict = {}  # the result's storage data pointers -> one of its tensors
+    for tensor in fxaccess.tensors(module):
+        pointer = _data_pointer(tensor)
+        if pointer:
+            pointers[pointer] = tensor
     for value, name in zip(inputs, names):
         label = f"`{name}`" if name.startswith("$") else f"the module `{name}`"
         if isinstance(value, nn.Module):
-            for inner in value.modules():
-                owned.setdefault(id(inner), label)
+            for inner in _modules_within(value):
+                if id(inner) in own:
+                    return label + (" itself" if own[id(inner)] is module else " (as a submodule)")
             tensors = fxaccess.tensors(value)
         elif isinstance(value, torch.Tensor):
             tensors = [value]
         else:
             continue
-        for tensor in tensors:
-            pointer = _data_pointer(tensor)
-            if pointer:
-                pointers.setdefault(pointer, (label, tensor))
-    if not owned and not pointers:
-        return None
-    for inner in module.modules():
-        label = owned.get(id(inner))
-        if label is not None:
-            return label + (" itself" if inner is module else " (as a submodule)")
-    if pointers:
-        from fxrules.engine.aliasing import storage_key
-
-        for tensor in fxaccess.tensors(module):
+        for tensor in tensors if pointers else ():
             found = pointers.get(_data_pointer(tensor))
-            if found is not None and storage_key(found[1]) == storage_key(tensor):
-                return f"a tensor's storage with {found[0]}"
+            if found is not None:
+                from fxrules.engine.aliasing import storage_key
+
+                if storage_key(found) == storage_key(tensor):
+                    return f"a tensor's storage with {label}"
     return None
+
+
+def _modules_within(module: nn.Module) -> list:
+    """``module`` and every module inside it (``Module.modules()`` without its generators: a builder's
+    inputs and result are most often leaves)."""
+    found, stack = [], [module]
+    while stack:
+        inner = stack.pop()
+        found.append(inner)
+        children = fxaccess.children(inner)
+        if children:
+            stack.extend(children.values())
+    return found
 
 
 def _data_pointer(tensor: torch.Tensor) -> int:
