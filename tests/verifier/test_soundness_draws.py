@@ -135,8 +135,17 @@ def test_a_subclass_overriding_a_method_forward_calls_is_drawn_and_not_matched_b
 @pytest.mark.slow
 def test_a_shared_module_or_tied_parameters_catch_a_builder_that_changes_the_matched_module_in_place():
     _, example = _caught("rule r [exact]: call_function operator.mul(call_module Linear($x) as l, 2) "
-                         "-> call_module tests.verifier.wrong_builders.double_weights_in_place(l)($x)", grad=False)
+                         "-> call_module tests.verifier.wrong_builders.double_weights_in_place_then_copy(l)($x)",
+                         grad=False)
     assert any("called again" in fact or "tied" in fact for fact in example.facts), example.facts
+
+
+@pytest.mark.slow
+def test_a_builder_returning_its_input_is_caught_on_the_first_host():
+    # the engine checks the builder contract (a new module, sharing nothing with the inputs) on every host
+    _, example = _caught("rule r [exact]: call_function operator.mul(call_module Linear($x) as l, 2) "
+                         "-> call_module tests.verifier.wrong_builders.double_weights_in_place(l)($x)", grad=False)
+    assert "returned a module that shares the module `l` itself" in example.problem, example.problem
 
 
 @pytest.mark.slow

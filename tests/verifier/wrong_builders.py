@@ -24,6 +24,15 @@ def double_weights_in_place(linear: nn.Module) -> nn.Module:
     return linear
 
 
+def double_weights_in_place_then_copy(linear: nn.Module) -> nn.Module:
+    """:func:`double_weights_in_place`, returning a copy: the result shares nothing with its input (the engine's
+    check of the builder contract passes), but the input was changed, so every other use of the same module or
+    of a parameter tied to it computes otherwise."""
+    import copy
+
+    return copy.deepcopy(double_weights_in_place(linear))
+
+
 class _ScaledGradient(torch.autograd.Function):
     """``value`` itself forward (a copy), its gradient times ``factor`` backward."""
 
