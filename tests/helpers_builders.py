@@ -52,3 +52,12 @@ def copies_inputs(conv: nn.Module, bn: nn.Module) -> nn.Module:
     import copy
 
     return nn.Sequential(copy.deepcopy(conv), copy.deepcopy(bn))
+
+
+def sharing_weight_view(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """Breaks the builder contract: a new conv whose weight is a new Parameter viewing the input's storage."""
+    import copy
+
+    new = copy.deepcopy(conv)
+    new.weight = nn.Parameter(conv.weight.detach().view(conv.weight.shape))
+    return new

@@ -926,11 +926,8 @@ def _shared_with_inputs(module: nn.Module, inputs: list, names: tuple) -> Option
     the model's own modules (``nn.Sequential(conv, bn)`` would put the model's eval-mode ``bn`` in
     training mode), and the planner takes a new module's tensors for storage of its own."""
     own = {id(inner): inner for inner in _modules_within(module)}
-    pointers: dict = {}  # the result's storage data pointers -> one of its tensors
-    for tensor in fxaccess.tensors(module):
-        pointer = _data_pointer(tensor)
-        if pointer:
-            pointers[pointer] = tensor
+    storages = {_storage_of(tensor) for tensor in fxaccess.tensors(module)}
+    storages.discard(None)
     for value, name in zip(inputs, names):
         label = f"`{name}`" if name.startswith("$") else f"the module `{name}`"
         if isinstance(value, nn.Module):
@@ -942,13 +939,8 @@ def _shared_with_inputs(module: nn.Module, inputs: list, names: tuple) -> Option
             tensors = [value]
         else:
             continue
-        for tensor in tensors if pointers else ():
-            found = pointers.get(_data_pointer(tensor))
-            if found is not None:
-                from fxrules.engine.aliasing import storage_key
-
-                if storage_key(found) == storage_key(tensor):
-                    return f"a tensor's storage with {label}"
+        if storages and any(_storage_of(tensor) in storages for tensor in tensors):
+            return f"a tensor's storage with {label}"
     return None
 
 
@@ -965,12 +957,13 @@ def _modules_within(module: nn.Module) -> list:
     return found
 
 
-def _data_pointer(tensor: torch.Tensor) -> int:
-    """The data pointer of ``tensor``'s storage (0 for a tensor without data: meta, fake, empty)."""
+def _storage_of(tensor: torch.Tensor) -> Any:
+    """:func:`fxaccess.storage_key` (one identity per storage, shared by views), or None for a tensor
+    without a storage of its own (a sparse tensor)."""
     try:
-        return tensor.untyped_storage().data_ptr()
+        return fxaccess.storage_key(tensor)
     except Exception:
-        return 0
+        return None
 
 
 def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:

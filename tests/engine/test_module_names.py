@@ -304,6 +304,7 @@ rule fold [approx]:
     ("sequential_of_inputs", "the module `conv` (as a submodule)"),
     ("first_input", "the module `conv` itself"),
     ("sharing_weight", "a tensor's storage with the module `conv`"),
+    ("sharing_weight_view", "a tensor's storage with the module `conv`"),
 ])
 def test_a_builder_returning_the_models_own_modules_or_tensors_fails_the_run(builder, shared, inplace):
     """Setting the new module's training mode would have put the model's eval-mode batch norm in training
