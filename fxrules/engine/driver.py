@@ -345,14 +345,13 @@ class _Session:
             if isinstance(result, Miss):
                 continue
             failed = self.conditions(result)
-            key = (program.rule.index, tuple([n.name for n in result.roots]))
-            if isinstance(failed, Refusal):
-                rejected[key] = _rejected(program, result, failed)
             if failed is not None:
+                if isinstance(failed, Refusal):
+                    rejected[_rejected_key(program, result)] = _rejected(program, result, failed)
                 continue
             decision = self.plan(result)
             if isinstance(decision, Refusal):
-                rejected[key] = _rejected(program, result, decision)
+                rejected[_rejected_key(program, result)] = _rejected(program, result, decision)
                 continue
             try:
                 outcome = apply_match(self.work, result, decision)
@@ -361,11 +360,11 @@ class _Session:
             except Exception as exc:
                 raise self.error(program, node, f"building the replacement raised {type(exc).__name__}: {exc}") from exc
             if isinstance(outcome, Refusal):  # a builder declined these modules
-                rejected[key] = _rejected(program, result, outcome)
+                rejected[_rejected_key(program, result)] = _rejected(program, result, outcome)
                 continue
             entry, touched = outcome
-            if rejected:
-                rejected.pop(key, None)
+            if rejected:  # a match refused earlier that now rewrites is not reported refused
+                rejected.pop(_rejected_key(program, result), None)
             applied.append(entry)
             recent.append(program.name)
             if len(applied) > max_iterations:
@@ -408,6 +407,11 @@ def condition_raised(rule_set: RuleSet, match: Match, raised: ConditionRaised) -
     root = match.roots[0]
     return Refusal(RefusalCode.CONDITION_RAISED,
                    f"the condition {condition or f'at {raised.cond.span}'} raised {raised}", (root.name,))
+
+
+def _rejected_key(program: Program, match: Match) -> tuple:
+    """What identifies a refused match across the fixpoint's retries: the rule and the roots' names."""
+    return program.rule.index, tuple([n.name for n in match.roots])
 
 
 def _rejected(program: Program, match: Match, refusal: Refusal) -> Rejected:

@@ -196,7 +196,7 @@ def create_node_fast(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs:
     except TypeError:  # an unhashable target
         key, base = None, None
     if base is None:
-        base = graph._target_to_str(target)
+        base = _base_name(graph, target)
         if key is not None:
             base_names[key] = base
     namespace = graph._graph_namespace
@@ -207,6 +207,17 @@ def create_node_fast(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs:
     graph._find_nodes_lookup_table.insert(node)
     graph._len += 1
     return node
+
+
+def _base_name(graph: fx.Graph, target: Any) -> str:
+    """``graph._target_to_str(target)``: for a module path or method name in lower case (the usual new
+    module's target: a fold's ``layer1.conv_bn``, a matched ``fc1``), the target itself, without its
+    regular expression (asked for every module call a rewrite makes: each has its own target). Torch's
+    ``_snake_case`` puts ``_`` before an ASCII capital that follows a lower-case letter, then lowers
+    the whole: a string equal to its lower-cased self has no capital to act on, and stays as it is."""
+    if type(target) is str and target == target.lower() and not (target.startswith("__") and target.endswith("__")):
+        return target
+    return graph._target_to_str(target)
 
 
 def create_node_public(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict,
@@ -930,6 +941,21 @@ def storage_key(tensor: torch.Tensor) -> int:
     """An identity of ``tensor``'s storage, shared by its views, for fake and real tensors alike
     (a fake tensor's data pointer is 0). Valid while the storage lives."""
     return tensor.untyped_storage()._cdata
+
+
+def storage_keys(tensors: Any) -> set:
+    """The :func:`storage_key` of each tensor of ``tensors``, leaving out a tensor without a storage of
+    its own (a sparse tensor, which raises when asked for it)."""
+    try:
+        return {tensor.untyped_storage()._cdata for tensor in tensors}
+    except Exception:
+        keys = set()
+        for tensor in tensors:
+            try:
+                keys.add(tensor.untyped_storage()._cdata)
+            except Exception:
+                continue
+        return keys
 
 
 def fake_cannot_size(exc: BaseException) -> bool:

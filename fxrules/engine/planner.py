@@ -1317,6 +1317,9 @@ def replaced_by_value(match: Match, effects: Effects) -> Optional[Refusal]:
     roots = match.roots
     matched = env.nodes
     analysis = effects.aliasing
+    # no node of the graph writes in place (inference graphs): nothing can be written later, and only the
+    # literal check is left (asked first: the aliasing questions cost more than this lookup)
+    writes = bool(effects.writers(roots[0].graph))
     for index, replacement in enumerate(match.program.replacements):
         root = roots[index]
         value = None
@@ -1325,9 +1328,8 @@ def replaced_by_value(match: Match, effects: Effects) -> Optional[Refusal]:
             if not isinstance(value, fx.Node):
                 return Refusal(RefusalCode.REPLACES_WITH_LITERAL,
                                f"the replacement would replace %{root.name} by the literal {value!r}", (root.name,))
-        elif not analysis.bases(root) and not _template_may_alias(replacement, match, effects):
-            continue
-        if not effects.writers(root.graph):  # no node of the graph writes in place
+        if not writes or (value is None and not analysis.bases(root)
+                          and not _template_may_alias(replacement, match, effects)):
             continue
         hit = analysis.first_write(analysis.descendants(root), effects.mutated_inputs, skip=matched)
         if hit is None:

@@ -726,8 +726,11 @@ class _ReplacementWriter(planner.ReplacementValues):
         """A call the compiler found computes a matched node again (:func:`fxrules.engine.program.respelled`):
         that node, kept as :meth:`call` keeps one :meth:`matched_equal` finds (the calls it re-spells in its
         arguments first, as resolving them would)."""
-        for arg in item.args + tuple(v for _, v in item.kwargs):
+        for arg in item.args:
             if type(arg) is RCall:  # a respelling call's calls are respellings too
+                self.keep(arg, root)
+        for _, arg in item.kwargs:
+            if type(arg) is RCall:
                 self.keep(arg, root)
         kept = self.env.names[item.respells]
         self.inherit_meta(kept, root)
@@ -839,8 +842,9 @@ def refusal_before_edit(work: Workpiece, match: Match) -> Optional[Refusal]:
 
 
 def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | Refusal":
-    """Rewrite one match. Returns the report entry and the nodes to revisit, or, when a builder
-    declined or a contract guard refused (before the graph is touched), the Refusal."""
+    """Rewrite one match. Returns the report entry and the nodes to revisit (some perhaps erased since:
+    the driver's revisit leaves those out), or, when a builder declined or a contract guard refused
+    (before the graph is touched), the Refusal."""
     decided = prospect(work, match)
     if isinstance(decided, Refusal):
         return decided
@@ -866,9 +870,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     touched.update(_erase_dead(work, [*matched, *attrs] if attrs else list(matched), matched))
     for name in writer.reused_names:
         _check_name_taken(work, name, writer.created)
-    work.changed.update(touched)
-    erased = fxaccess.erased
-    touched = {node for node in touched if node.graph is not None and not erased(node)}
+    work.changed.update(touched)  # (erased ones too: the driver's revisit leaves those out)
     rule = match.rule
     replaced_by = tuple([v.name if isinstance(v, fx.Node) else repr(v) for v in new_values])
     return Applied(rule.name, rule.source, matched_names, tuple([n.name for n in writer.created]), replaced_by,
@@ -926,22 +928,24 @@ def _shared_with_inputs(module: nn.Module, inputs: list, names: tuple) -> Option
     the model's own modules (``nn.Sequential(conv, bn)`` would put the model's eval-mode ``bn`` in
     training mode), and the planner takes a new module's tensors for storage of its own."""
     own = {id(inner): inner for inner in _modules_within(module)}
-    storages = {_storage_of(tensor) for tensor in fxaccess.tensors(module)}
-    storages.discard(None)
+    storages = fxaccess.storage_keys(fxaccess.tensors(module))
     for value, name in zip(inputs, names):
-        label = f"`{name}`" if name.startswith("$") else f"the module `{name}`"
         if isinstance(value, nn.Module):
             for inner in _modules_within(value):
                 if id(inner) in own:
-                    return label + (" itself" if own[id(inner)] is module else " (as a submodule)")
+                    return _input_label(name) + (" itself" if own[id(inner)] is module else " (as a submodule)")
             tensors = fxaccess.tensors(value)
         elif isinstance(value, torch.Tensor):
-            tensors = [value]
+            tensors = (value,)
         else:
             continue
-        if storages and any(_storage_of(tensor) in storages for tensor in tensors):
-            return f"a tensor's storage with {label}"
+        if storages and not storages.isdisjoint(fxaccess.storage_keys(tensors)):
+            return f"a tensor's storage with {_input_label(name)}"
     return None
+
+
+def _input_label(name: str) -> str:
+    return f"`{name}`" if name.startswith("$") else f"the module `{name}`"
 
 
 def _modules_within(module: nn.Module) -> list:
@@ -957,29 +961,28 @@ def _modules_within(module: nn.Module) -> list:
     return found
 
 
-def _storage_of(tensor: torch.Tensor) -> Any:
-    """:func:`fxaccess.storage_key` (one identity per storage, shared by views), or None for a tensor
-    without a storage of its own (a sparse tensor)."""
-    try:
-        return fxaccess.storage_key(tensor)
-    except Exception:
-        return None
-
-
 def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:
     """New modules live on the device and dtype of the module they replace, in its training mode."""
     if reference is not None:
-        tensor = next((t for t in fxaccess.tensors(reference) if t.is_floating_point()), None)
+        tensor = None
+        for candidate in fxaccess.tensors(reference):  # (loops, not generators: once per new module)
+            if candidate.is_floating_point():
+                tensor = candidate
+                break
         if tensor is not None:
+            device, dtype = tensor.device, tensor.dtype
             own = fxaccess.tensors(module)
-            has_float = any(t.is_floating_point() for t in own)
+            has_float = False
+            for t in own:
+                if t.is_floating_point():
+                    has_float = True
+                    break
             # Module.to moves every tensor to the device and casts floating and complex ones to the
             # dtype; skip it when nothing would change (it walks the whole module).
-            if any(t.device != tensor.device
-                   or (has_float and (t.is_floating_point() or t.is_complex()) and t.dtype != tensor.dtype)
-                   for t in own):
-                module = module.to(device=tensor.device, dtype=tensor.dtype if has_float else None) \
-                    if has_float else module.to(device=tensor.device)
+            for t in own:
+                if t.device != device or (has_float and t.dtype != dtype and (t.is_floating_point() or t.is_complex())):
+                    module = module.to(device=device, dtype=dtype) if has_float else module.to(device=device)
+                    break
         training = reference.training
     # Module.train sets the mode of the module and every submodule; a module without submodules already
     # in that mode, whose class keeps torch's train, would be left as it is (a fold's conv, in eval mode)

@@ -228,6 +228,26 @@ def test_create_node_agrees(name):
     assert made[0] == made[1]
 
 
+@pytest.mark.parametrize("target", [
+    "fc", "layer1.conv_bn", "layer1.0.conv1_bn1", "view", "add_", "_private", "x2", "", "__add__", "__iadd__",
+    "__init", "init__", "__", "_", "layer1.Conv", "convBn", "ALL_CAPS", "mod.pascalCase", "é", "ÉCOLE", "ǅ",
+    "ß", "İ", "x.y_Z", "a1B", "1a", "fxrules_new.weight", torch.relu, F.gelu, operator.add, torch.Tensor.add_,
+])
+def test_the_base_name_of_a_target_is_torch_s(target):
+    graph = fx.Graph()
+    assert fxaccess._base_name(graph, target) == graph._target_to_str(target)
+
+
+def test_storage_keys_are_storage_key_per_tensor_without_the_storageless():
+    base = torch.randn(4, 4)
+    dense = [base, base[1:], base.t(), torch.randn(3), nn.Parameter(torch.randn(2))]
+    sparse = torch.randn(3, 3).to_sparse()
+    assert fxaccess.storage_keys(dense) == {fxaccess.storage_key(t) for t in dense}
+    assert len(fxaccess.storage_keys(dense)) == 3  # views share their base's storage
+    assert fxaccess.storage_keys([sparse, *dense]) == fxaccess.storage_keys(dense)
+    assert fxaccess.storage_keys([sparse]) == set() and fxaccess.storage_keys(()) == set()
+
+
 @pytest.mark.parametrize("name", ["resnet", "transformer", "methods", "shared"])
 def test_erase_node_agrees(name):
     """The fast erase leaves the graph as ``Graph.erase_node`` does: the same nodes, users, lookup table,
