@@ -61,3 +61,13 @@ def sharing_weight_view(conv: nn.Module, bn: nn.Module) -> nn.Module:
     new = copy.deepcopy(conv)
     new.weight = nn.Parameter(conv.weight.detach().view(conv.weight.shape))
     return new
+
+
+def fresh_batch_norm_in_training_mode(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """Keeps the contract but for its mode: a conv copy, then a new batch norm holding the input's statistics,
+    left in training mode (as constructed); in an eval-mode model the engine puts it in eval mode."""
+    import copy
+
+    norm = nn.BatchNorm2d(bn.num_features, eps=bn.eps)
+    norm.load_state_dict(bn.state_dict())
+    return nn.Sequential(copy.deepcopy(conv), norm)

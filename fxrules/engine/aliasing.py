@@ -186,6 +186,20 @@ STATEFUL_CALL_MODULES = RANDOM_MODULES + RUNNING_STATS_MODULES + _FUSED_NORMS
 whether a call draws random numbers or updates statistics (:func:`module_draws_random`,
 :func:`module_updates_statistics`); for any other class both are False."""
 
+MODE_INDEPENDENT_MODULES = frozenset({
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear,
+    nn.Bilinear, nn.Identity, nn.Flatten, nn.Unflatten, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.GELU, nn.SiLU,
+    nn.Mish, nn.Sigmoid, nn.Tanh, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.ELU, nn.SELU, nn.CELU, nn.Softplus,
+    nn.Softsign, nn.Tanhshrink, nn.LogSigmoid, nn.Softmax, nn.LogSoftmax, nn.GLU, nn.Threshold, nn.MaxPool1d,
+    nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d, nn.LayerNorm,
+    nn.GroupNorm, nn.Upsample, nn.Sequential, nn.ModuleList, nn.ModuleDict, *FUSED_MODULES,
+})
+"""torch.nn classes whose ``forward`` never reads ``self.training`` (the class itself: a subclass's own
+code may): a module of one computes the same in both modes (a container runs its children, each
+asked on its own). A builder's result takes the replaced module's training mode on these only
+(:func:`fxrules.engine.transaction._place_built`); a test reads each class's ``forward``."""
+
 _KNOWN_MODULE_PREFIXES = ("torch.nn.modules.", "torch.ao.nn.", "torch.nn.intrinsic.", "torch.nn.qat.",
                           "torch.nn.quantized.")
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)

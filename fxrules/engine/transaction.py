@@ -31,7 +31,7 @@ from typing import Any, Optional
 import torch
 from torch import fx, nn
 
-from fxrules.engine import fxaccess, guards, planner
+from fxrules.engine import aliasing, fxaccess, guards, planner
 from fxrules.engine.errors import ModelError
 from fxrules.engine.inspection import NOTHING as NO_INSPECTIONS, apply_settlement
 from fxrules.engine.matcher import Match
@@ -675,12 +675,14 @@ class _ReplacementWriter(planner.ReplacementValues):
                         f"the model's own modules")
                 reference = self.work.module_of(nodes[0].target) if nodes else None
                 base = _joined_name([n.target for n in nodes]) if nodes else spec.label.rsplit(".", 1)[-1]
+                module = _place_built(module, reference, self.work.training)
             elif isinstance(spec, RNewModule):
                 kwargs = {name: self.constructor_value(v) for name, v in spec.attrs}
                 module = spec.cls(**kwargs)
                 reference = self.work.module_of(root.target) if root.op == "call_module" else None
                 base = _snake(spec.cls.__name__)
-            self.premade[id(item)] = (_place_like(module, reference, self.work.training), reference, base)
+                module = _place_like(module, reference, self.work.training)
+            self.premade[id(item)] = (module, reference, base)
         return None
 
     def builder_argument(self, capture: str) -> Any:
@@ -962,32 +964,64 @@ def _modules_within(module: nn.Module) -> list:
 
 
 def _place_like(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:
-    """New modules live on the device and dtype of the module they replace, in its training mode."""
+    """A module the rule constructs (``torch.nn.LayerNorm{...}``, made in training mode) lives on the
+    device and dtype of the module it replaces, in its training mode (the run's, without one)."""
     if reference is not None:
-        tensor = None
-        for candidate in fxaccess.tensors(reference):  # (loops, not generators: once per new module)
-            if candidate.is_floating_point():
-                tensor = candidate
-                break
-        if tensor is not None:
-            device, dtype = tensor.device, tensor.dtype
-            own = fxaccess.tensors(module)
-            has_float = False
-            for t in own:
-                if t.is_floating_point():
-                    has_float = True
-                    break
-            # Module.to moves every tensor to the device and casts floating and complex ones to the
-            # dtype; skip it when nothing would change (it walks the whole module).
-            for t in own:
-                if t.device != device or (has_float and t.dtype != dtype and (t.is_floating_point() or t.is_complex())):
-                    module = module.to(device=device, dtype=dtype) if has_float else module.to(device=device)
-                    break
+        module = _place_on(module, reference)
         training = reference.training
     # Module.train sets the mode of the module and every submodule; a module without submodules already
-    # in that mode, whose class keeps torch's train, would be left as it is (a fold's conv, in eval mode)
+    # in that mode, whose class keeps torch's train, would be left as it is
     if fxaccess.children(module) or module.training != training or type(module).train is not nn.Module.train:
         module.train(training)
+    return module
+
+
+def _place_built(module: nn.Module, reference: Optional[nn.Module], training: bool) -> nn.Module:
+    """A builder's result lives on the device and dtype of the module it replaces, in its training mode,
+    except that the engine never puts in training mode a module the builder made in eval mode whose
+    computation depends on the mode. Each module inside the result of a class whose ``forward`` never
+    reads the mode (:data:`aliasing.MODE_INDEPENDENT_MODULES`: a fold's conv, a container) takes the
+    replaced module's mode; every other one (a dropout, a norm, a class the engine does not know) is put
+    in eval mode when the replaced module is in eval mode (the builder contract's mode; a builder that
+    forgot ``.eval()`` on a new batch norm), and otherwise keeps the mode the builder gave it: replacing
+    a conv in training mode by ``nn.Sequential(copy of the conv, copy of an eval-mode batch norm)`` must
+    not make that batch norm normalise with the batch's statistics."""
+    if reference is not None:
+        module = _place_on(module, reference)
+        training = reference.training
+    independent = aliasing.MODE_INDEPENDENT_MODULES
+    for inner in _modules_within(module):  # a module before its submodules: they are set after it
+        if type(inner) in independent:
+            if inner.training != training:
+                inner.training = training  # (what Module.train does to it, without its submodules)
+        elif inner.training and not training:
+            inner.train(False)  # its own train, if its class has one
+    return module
+
+
+def _place_on(module: nn.Module, reference: nn.Module) -> nn.Module:
+    """``module`` on the device and dtype of ``reference``'s first floating-point tensor (moved only
+    when something would change: ``Module.to`` walks the whole module)."""
+    tensor = None
+    for candidate in fxaccess.tensors(reference):  # (loops, not generators: once per new module)
+        if candidate.is_floating_point():
+            tensor = candidate
+            break
+    if tensor is None:
+        return module
+    device, dtype = tensor.device, tensor.dtype
+    own = fxaccess.tensors(module)
+    has_float = False
+    for t in own:
+        if t.is_floating_point():
+            has_float = True
+            break
+    # Module.to moves every tensor to the device and casts floating and complex ones to the
+    # dtype; skip it when nothing would change (it walks the whole module).
+    for t in own:
+        if t.device != device or (has_float and t.dtype != dtype and (t.is_floating_point() or t.is_complex())):
+            module = module.to(device=device, dtype=dtype) if has_float else module.to(device=device)
+            break
     return module
 
 

@@ -339,3 +339,74 @@ def test_a_builder_returning_copies_of_its_inputs_is_used():
     assert isinstance(fused, nn.Sequential) and fused[0] is not model.conv and fused[1] is not model.bn
     with torch.no_grad():
         torch.testing.assert_close(result.module(x), expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# A builder's result: the replaced module's training mode where the mode changes nothing
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_a_builders_eval_mode_norm_keeps_its_mode_when_the_replaced_module_trains(inplace):
+    """The conv being replaced is in training mode (a conv computes the same in both), the batch norm in eval
+    mode; the builder returns copies of both. The new container and its conv take the conv's mode; the batch
+    norm stays in eval mode. Setting the whole result's mode (as before) made it normalise with the batch's
+    statistics: other values under [approx], with no refusal."""
+    model = _model()
+    model.conv.train()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+    result = fxrules.apply_rules(fx.symbolic_trace(model), _builder_rule("copies_inputs"), inplace=inplace)
+    assert result.counts == {"fold": 1}
+    fused = result.module.get_submodule("conv")
+    assert isinstance(fused, nn.Sequential) and fused.training and fused[0].training
+    assert fused[1].training is False
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(x), expected, rtol=1e-5, atol=1e-6)
+    assert model.conv.training and not model.bn.training  # the model's own modules are as they were
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_a_builders_norm_left_in_training_mode_is_put_in_eval_mode(inplace):
+    """A builder that constructs a batch norm and forgets ``.eval()``, replacing a conv in eval mode: the
+    engine puts it in eval mode, the contract's and the replaced module's (as it did before)."""
+    model = _model()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+    result = fxrules.apply_rules(fx.symbolic_trace(model), _builder_rule("fresh_batch_norm_in_training_mode"),
+                                 inplace=inplace)
+    assert result.counts == {"fold": 1}
+    fused = result.module.get_submodule("conv")
+    assert not fused.training and not fused[0].training and not fused[1].training
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def _code_reading_the_mode(cls: type) -> list:
+    """The functions ``cls`` has from its classes below ``nn.Module`` (forward and its helpers) whose source
+    reads ``training``."""
+    import inspect
+
+    found = []
+    for base in cls.__mro__:
+        if base in (nn.Module, object):
+            continue
+        for name, value in vars(base).items():
+            if inspect.isfunction(value) and "training" in inspect.getsource(value):
+                found.append(f"{base.__name__}.{name}")
+    return found
+
+
+def test_mode_independent_modules_never_read_the_training_mode():
+    """Each class the engine gives a replaced module's training mode: no function it has from its own classes
+    (forward, its helpers) reads ``training``; classes left out do."""
+    from fxrules.engine.aliasing import MODE_INDEPENDENT_MODULES
+
+    for cls in MODE_INDEPENDENT_MODULES:
+        assert _code_reading_the_mode(cls) == [], cls
+    for cls in (nn.BatchNorm2d, nn.Dropout, nn.InstanceNorm2d, nn.RReLU, nn.MultiheadAttention,
+                nn.TransformerEncoderLayer):
+        assert cls not in MODE_INDEPENDENT_MODULES
+        assert _code_reading_the_mode(cls), cls
