@@ -23,7 +23,7 @@ from collections import namedtuple
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from torch import fx, nn
 
@@ -322,3 +322,37 @@ def test_recompiling_is_torchs_alone_on_the_public_paths(monkeypatch):
         assert "python_code" not in vars(gm.graph)
         gm.recompile()
     assert gm.code == fx.Graph.python_code(gm.graph, "self").src
+
+
+_NAME_PARTS = st.sampled_from(["x", "linear", "a", "_", "__", "1", "01", "12", "0", "conv", "input", "sum", "if",
+                               "self", "torch", "getattr", "é", "١", "x.y", "-", "A", "Z9"])
+
+
+class _Named:
+    """A stand-in node: what :meth:`codegen._Writer.node_name` reads of one."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+@given(st.lists(st.tuples(st.booleans(), st.lists(_NAME_PARTS, min_size=1, max_size=4).map("".join)),
+                max_size=30))
+@example([(False, n) for n in ("_1", "_1", "a_01", "a_1", "x_1_2", "x_1", "input", "if", "1a", "a-b_3", "a__1", "a_",
+                               "linear", "linear_1", "linear")] + [(True, "linear"), (True, "x_1")])
+def test_node_names_are_the_namespaces_own(steps):
+    """The writer's node names agree with ``_Namespace.create_name`` on any sequence of node names and
+    globals (illegal characters, numeric suffixes, leading digits, builtins, keywords, repeats, a node
+    asked twice): the same names, and the same namespace state after each step."""
+    writer = codegen._Writer(fx.Graph()._codegen)
+    reference = fx.graph._Namespace()
+    nodes: list = []
+    for is_global, text in steps:
+        if is_global:
+            got, want = writer.namespace.create_name(text, None), reference.create_name(text, None)
+        else:
+            node = nodes[len(nodes) // 2] if text == "x" and nodes else _Named(text)  # sometimes one asked before
+            nodes.append(node)
+            got, want = writer.node_name(node), reference.create_name(node.name, node)
+        assert got == want, (text, steps)
+        assert writer.namespace._used_names == reference._used_names
+        assert writer.namespace._base_count == reference._base_count
