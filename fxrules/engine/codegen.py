@@ -320,16 +320,24 @@ class _Writer:
         ``# COUNTER`` lines out again: each line maps to the index of the node that wrote it; the
         text after the last node's newline is an empty line mapped to the last node."""
         first = prologue.count("\n") + 1
-        lines: list = []
+        lines: list = []  # each body line, indented as torch indents it
         line_map: dict = {}
         for index, text in chunks:
-            for line in text[:-1].split("\n") if "\n" in text[:-1] else (text[:-1],):
+            body = text[:-1]
+            if "\n" in body:
+                for line in body.split("\n"):
+                    line_map[len(lines) + first] = index
+                    lines.append("    " + line)
+            else:
                 line_map[len(lines) + first] = index
-                lines.append(line)
+                lines.append("    " + body)
         line_map[len(lines) + first] = count - 1 if count else None
-        lines.append("")
-        code = "\n".join(lines).lstrip("\n")
-        code = "\n".join(["    " + line for line in code.split("\n")])
+        lines.append("    ")
+        # torch strips the body's leading empty lines (``lstrip("\n")`` before indenting): all but the last
+        start = 0
+        while start < len(lines) - 1 and lines[start] == "    ":
+            start += 1
+        code = "\n".join(lines[start:] if start else lines)
         source = f"\n{wrap_statements}\n\n{prologue}\n{code}"
         return _fxgraph.PythonCode(source, self.globals, _lineno_map=line_map,
                                    _prologue_start=wrap_statements.count("\n") + 4)
