@@ -101,10 +101,19 @@ class Miss:
 
 
 class GraphView:
-    """What matching needs to know about the graph being rewritten: its modules."""
+    """What matching needs to know about the graph being rewritten: its modules, and whether each module
+    object overrides its class's code (:func:`overridden_on_instance`, asked once per module for the run:
+    a rewrite never changes an existing module's attributes)."""
 
     def __init__(self, module_of: Callable[[str], Any]):
         self.module_of = module_of
+        self._overridden: dict = {}  # id(module) -> (module, overridden_on_instance(module))
+
+    def overridden(self, module: Any) -> bool:
+        entry = self._overridden.get(id(module))
+        if entry is None or entry[0] is not module:
+            entry = self._overridden[id(module)] = (module, overridden_on_instance(module))
+        return entry[1]
 
 
 class _Matcher:
@@ -216,7 +225,7 @@ class _Matcher:
         module = None
         if pattern.op == "call_module":
             module = self.view.module_of(value.target)
-            if module is None or not any(_module_matches(module, cls) for cls in pattern.targets):
+            if module is None or not _module_matches_any(module, pattern.targets, self.view.overridden):
                 return self.fail(_TARGET, lambda:
                     f"expected a {pattern.label} module, found {type(module).__name__} `{value.target}`", pattern.span)
         elif pattern.op == "call_method":
@@ -370,10 +379,21 @@ def _rest(pattern: PCall, node: fx.Node, expected: dict) -> tuple:
     return tuple(node.args[count:]), {k: v for k, v in node.kwargs.items() if k not in expected}
 
 
-def _module_matches(module: Any, cls: type) -> bool:
+def _module_matches_any(module: Any, targets: tuple, overridden: Callable[[Any], bool]) -> bool:
+    """Whether ``module`` matches one of a pattern's module classes (:func:`_module_matches`)."""
+    for cls in targets:
+        if _module_matches(module, cls, overridden):
+            return True
+    return False
+
+
+def _module_matches(module: Any, cls: type, overridden: Optional[Callable[[Any], bool]] = None) -> bool:
+    """Whether ``module`` computes as ``cls``: an instance of it, not overriding its class's code on the
+    object itself (``overridden``: :func:`overridden_on_instance`, or a run's memo of it), of ``cls``
+    itself or of a subclass that computes as it and shadows none of its state."""
     if not isinstance(module, cls):
         return False
-    if overridden_on_instance(module):
+    if (overridden or overridden_on_instance)(module):
         return False
     sub = type(module)
     if sub is cls:
