@@ -71,3 +71,11 @@ def fresh_batch_norm_in_training_mode(conv: nn.Module, bn: nn.Module) -> nn.Modu
     norm = nn.BatchNorm2d(bn.num_features, eps=bn.eps)
     norm.load_state_dict(bn.state_dict())
     return nn.Sequential(copy.deepcopy(conv), norm)
+
+
+def with_new_dropout(conv: nn.Module, bn: nn.Module) -> nn.Module:
+    """Computes bn(conv(x)), then a new dropout left in training mode (as constructed): in a model that trains
+    it keeps that mode and draws random numbers."""
+    import copy
+
+    return nn.Sequential(copy.deepcopy(conv), copy.deepcopy(bn), nn.Dropout(0.5))

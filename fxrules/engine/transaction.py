@@ -685,6 +685,26 @@ class _ReplacementWriter(planner.ReplacementValues):
             self.premade[id(item)] = (module, reference, base)
         return None
 
+    def built_module_draws(self) -> Optional[Refusal]:
+        """Under ``[exact]``/``[approx]``: a module a builder made that draws random numbers as placed (a
+        dropout in training mode inside it, in a model that trains) would add draws to the graph; refused as
+        ``changes-random-draws``, as the planner refuses a replacement call that draws (it cannot ask a
+        builder's module before it is made; a constructed module's class it asks itself)."""
+        contract = self.match.rule.contract
+        if contract not in planner.RANDOM_CONTRACTS:
+            return None
+        for item in self.match.program.module_calls:
+            if not isinstance(item.target, RBuilder):
+                continue
+            for inner in _modules_within(self.premade[id(item)][0]):
+                if aliasing.module_draws_random(inner):
+                    root = self.match.roots[item.root_index]
+                    return Refusal(RefusalCode.CHANGES_RANDOM_DRAWS,
+                                   f"the module builder {item.target.label} made for %{root.name} draws random numbers "
+                                   f"(a {type(inner).__name__} in training mode); under [{contract}] a rewrite may not "
+                                   f"add a call that draws them", (root.name,))
+        return None
+
     def builder_argument(self, capture: str) -> Any:
         """A capture handed to a module builder: a parameter or buffer (read by get_attr) as its tensor,
         a constant as itself; a value the graph computes cannot be, so the match is declined."""
@@ -825,6 +845,9 @@ def prospect(work: Workpiece, match: Match) -> "tuple[_ReplacementWriter, tuple]
     declined = writer.make_modules()
     if declined is not None:
         return Refusal(RefusalCode.BUILDER_DECLINED, declined, tuple(n.name for n in match.roots))
+    drawing = writer.built_module_draws()
+    if drawing is not None:
+        return drawing
     modules = {key: made[0] for key, made in writer.premade.items()}
     values = None
     if work.has_values:

@@ -410,3 +410,34 @@ def test_mode_independent_modules_never_read_the_training_mode():
                 nn.TransformerEncoderLayer):
         assert cls not in MODE_INDEPENDENT_MODULES
         assert _code_reading_the_mode(cls), cls
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copy", "inplace"])
+def test_a_builders_module_that_draws_random_numbers_is_refused(inplace):
+    """In a model that trains (frozen), a builder's result holding a new dropout keeps its training mode and
+    would draw random numbers where the model drew none: under [approx], refused as changes-random-draws
+    (it used to be applied, and the outputs changed). In an eval-mode model the dropout is put in eval mode
+    and the fold is applied."""
+    model = _model().train().requires_grad_(False)
+    model.bn.eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+    gm = fx.symbolic_trace(model)
+    code = gm.code
+    result = fxrules.apply_rules(gm, _builder_rule("with_new_dropout"), inplace=inplace)
+    assert result.counts == {}
+    [refused] = result.report.rejected
+    assert refused.code == "changes-random-draws"
+    assert "builder tests.helpers_builders.with_new_dropout made for %bn draws random numbers (a Dropout in " \
+           "training mode); under [approx]" in refused.reason
+    assert gm.code == code
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(x), expected, rtol=0, atol=0)
+
+    model.eval()
+    result = fxrules.apply_rules(fx.symbolic_trace(model), _builder_rule("with_new_dropout"), inplace=inplace)
+    assert result.counts == {"fold": 1}
+    assert not any(m.training for m in result.module.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(result.module(x), model(x), rtol=1e-5, atol=1e-6)
