@@ -307,6 +307,7 @@ class _Session:
         queued: set = set()
         counter = itertools.count()
         module_of = self.work.module_of
+        overridden = self.view.overridden
 
         def push(node: fx.Node, programs: tuple) -> None:
             keys = None
@@ -321,7 +322,7 @@ class _Session:
                     if prefilter is not None and UNHASHABLE_INPUT not in keys:
                         if prefilter.isdisjoint(keys):
                             continue
-                    elif not may_match(program, node, module_of, keys):
+                    elif not may_match(program, node, module_of, keys, overridden):
                         continue
                 index = program.rule.index
                 key = (index, node)
@@ -499,7 +500,7 @@ def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None,
     for node in work.graph.nodes:
         keys = input_keys(node)
         for program in session.compiled.candidates(node, work.module_of):
-            if program.requires and not may_match(program, node, work.module_of, keys):
+            if program.requires and not may_match(program, node, work.module_of, keys, session.view.overridden):
                 continue
             result = session.try_match(program, node)
             if isinstance(result, Miss):

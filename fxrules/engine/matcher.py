@@ -591,11 +591,13 @@ UNHASHABLE_INPUT = ("call_function", object())
 """In ``input_keys``: some input's target cannot be hashed, so set tests cannot decide."""
 
 
-def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], keys: set) -> bool:
+def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], keys: set,
+              overridden: Optional[Callable[[Any], bool]] = None) -> bool:
     """False when ``program`` cannot match at ``node``: an argument call pattern of its first root
     matches none of the node's inputs by op and target (``Program.requires``). ``keys`` is
     ``input_keys(node)``. A cheap test that never reads more than the inputs' op, target and
-    module type; True says nothing."""
+    module type; True says nothing. ``overridden``: a run's memo of :func:`overridden_on_instance`
+    (:meth:`GraphView.overridden`), else asked each time."""
     for pattern, wanted in zip(program.requires, program.requires_keys):
         if wanted is not None and UNHASHABLE_INPUT not in keys:
             if wanted.isdisjoint(keys):
@@ -607,7 +609,7 @@ def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], 
                 continue
             if op == "call_module":
                 module = module_of(value.target)
-                if module is not None and any(_module_matches(module, cls) for cls in targets):
+                if module is not None and _module_matches_any(module, targets, overridden or overridden_on_instance):
                     break
             elif op == "call_method":
                 if value.target in targets:

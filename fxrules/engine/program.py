@@ -910,9 +910,12 @@ class CompiledRules:
 
     def scan(self, nodes: Iterable, module_of) -> Iterator[tuple]:
         """``(node, candidates)`` for each of ``nodes`` that has candidates: what calling
-        :meth:`candidates` per node gives, with the common case (a call_function or call_method
-        node whose target no rule roots on) decided inline, without a call per node."""
+        :meth:`candidates` per node gives, with the common cases (a call_function or call_method
+        node, whose target no rule roots on; a module call, whose class was seen before) decided
+        inline, without a call per node."""
         get = self.by_key.get
+        by_class = self.by_class
+        module_keys = self.module_keys
         for node in nodes:
             op = node.op
             if op == "call_function" or op == "call_method":
@@ -920,6 +923,15 @@ class CompiledRules:
                     found = get((op, node.target))
                 except TypeError:  # an unhashable target
                     continue
+            elif op == "call_module":  # (candidates' module case, written out: a remembered class)
+                if not module_keys:
+                    continue
+                module = module_of(node.target)
+                if module is None:
+                    continue
+                found = by_class.get(type(module))
+                if found is None:
+                    found = self.candidates(node, module_of)
             else:
                 found = self.candidates(node, module_of)
             if found:

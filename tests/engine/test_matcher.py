@@ -509,11 +509,16 @@ def test_scan_yields_the_nodes_that_have_candidates_with_those_candidates():
     relu = g.call_function(torch.relu, (x,))
     sig = g.call_function(torch.sigmoid, (relu,))
     mod = g.call_module("act", (sig,))
-    g.output((w, mod))
-    module_of = {"act": nn.ReLU()}.get
+    other = g.call_module("gelu", (mod,))
+    missing = g.call_module("gone", (other,))
+    g.output((w, missing))
+    module_of = {"act": nn.ReLU(), "gelu": nn.GELU()}.get
     scanned = list(rules.scan(g.nodes, module_of))
     assert scanned == [(w, (ga,)), (relu, (r,)), (mod, (m,))]
     assert all(rules.candidates(n, module_of) == c for n, c in scanned)
+    # again, with the module classes remembered (ReLU's candidates, GELU's none): the same answers
+    assert list(rules.scan(g.nodes, module_of)) == scanned
+    assert list(rules.scan(g.nodes, {"act": nn.ReLU(), "gelu": nn.ReLU()}.get)) == scanned + [(other, (m,))]
 
 
 # ---------------------------------------------------------------------------
