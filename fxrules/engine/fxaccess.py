@@ -441,7 +441,10 @@ def modules_by_path(root: nn.Module) -> dict:
 
 
 def children_fast(module: nn.Module) -> dict:
-    return {name: child for name, child in module._modules.items() if child is not None}
+    modules = module._modules
+    if not modules:  # a leaf (most modules a rewrite asks about)
+        return {}
+    return {name: child for name, child in modules.items() if child is not None}
 
 
 def children_public(module: nn.Module) -> dict:
@@ -515,7 +518,9 @@ def tensors_fast(module: nn.Module) -> list:
     if module._modules:
         return list(module.parameters()) + list(module.buffers())
     found = [t for t in module._parameters.values() if t is not None]
-    found.extend(t for t in module._buffers.values() if t is not None)
+    buffers = module._buffers
+    if buffers:
+        found += [t for t in buffers.values() if t is not None]
     return found
 
 
