@@ -435,6 +435,9 @@ def test_a_builders_module_that_draws_random_numbers_is_refused(inplace):
     with torch.no_grad():
         torch.testing.assert_close(result.module(x), expected, rtol=0, atol=0)
 
+    [found] = fxrules.find_matches(fx.symbolic_trace(model), _builder_rule("with_new_dropout"))
+    assert found.code == "changes-random-draws" and found.rejected == refused.reason  # what apply refuses
+
     model.eval()
     result = fxrules.apply_rules(fx.symbolic_trace(model), _builder_rule("with_new_dropout"), inplace=inplace)
     assert result.counts == {"fold": 1}
