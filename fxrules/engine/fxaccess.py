@@ -952,12 +952,12 @@ def storage_keys(tensors: Any) -> set:
     """The :func:`storage_key` of each tensor of ``tensors``, leaving out a tensor without a storage of
     its own (a sparse tensor, which raises when asked for it)."""
     try:
-        return {tensor.untyped_storage()._cdata for tensor in tensors}
+        return {tensor.untyped_storage()._cdata for tensor in tensors}  # storage_key, written out: per fold
     except Exception:
         keys = set()
         for tensor in tensors:
             try:
-                keys.add(tensor.untyped_storage()._cdata)
+                keys.add(storage_key(tensor))
             except Exception:
                 continue
         return keys
