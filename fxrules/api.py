@@ -84,10 +84,10 @@ def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, trace
     the journal puts the module back exactly as it was (nodes, names, arguments, metadata, submodules,
     parameters, buffers, code). The report is the one a copying run gives. See docs/api.md.
     """
-    from fxrules.engine.driver import COPYING, IN_PLACE, run_apply
+    with entered():  # before the engine's first import too (fxrules.lang.runtime)
+        from fxrules.engine.driver import COPYING, IN_PLACE, run_apply
 
-    destination = IN_PLACE if inplace else COPYING  # chosen once: the engine runs either strategy whole
-    with entered():
+        destination = IN_PLACE if inplace else COPYING  # chosen once: the engine runs either strategy whole
         return run_apply(model, as_rule_set(rules, allow_imports, config), example_inputs=example_inputs,
                          max_iterations=max_iterations, tracer=tracer, concrete_args=concrete_args,
                          destination=destination)
@@ -96,9 +96,9 @@ def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, trace
 def find_matches(model, rules, *, example_inputs=None, tracer=None, concrete_args=None,
                  allow_imports: Iterable[str] = (), config: ConfigLike = None):
     """Every match of every rule in ``model``, without rewriting (one pass, graph order)."""
-    from fxrules.engine.driver import run_find
-
     with entered():
+        from fxrules.engine.driver import run_find
+
         return run_find(model, as_rule_set(rules, allow_imports, config), example_inputs=example_inputs, tracer=tracer,
                         concrete_args=concrete_args)
 
@@ -110,9 +110,9 @@ def explain(model, rules, *, rule=None, example_inputs=None, tracer=None, concre
     Each :class:`fxrules.engine.report.NearMiss` names the rule, the rule file:line:col of the pattern
     part (or condition) that failed, the node, the reason, and the node's stack trace.
     """
-    from fxrules.engine.driver import run_explain
-
     with entered():
+        from fxrules.engine.driver import run_explain
+
         return run_explain(model, as_rule_set(rules, allow_imports, config), rule=rule, example_inputs=example_inputs,
                            tracer=tracer, concrete_args=concrete_args)
 
