@@ -71,6 +71,52 @@ def python_code(graph: fx.Graph) -> Optional[_fxgraph.PythonCode]:
     return _Writer(codegen).write(graph.nodes)
 
 
+def unique_name(namespace: _fxgraph._Namespace, candidate: str, obj: Any) -> str:
+    """``namespace.create_name(candidate, obj)``: the same name and the same namespace state, without
+    torch's regular expressions for the names a graph makes most: an ASCII identifier (every node name a
+    graph's own namespace hands out, which the source writer names again) and a module path of such
+    parts (``layer1.0.conv1``: the base name of a new ``call_module`` node, which torch first rewrites
+    to ``layer1_0_conv1``). Anything else goes to ``create_name``.
+
+    torch's pattern ``([a-zA-Z_][0-9a-zA-Z_]*?)(?:_(\\d+))?`` splits an identifier at its last ``_``
+    when digits alone follow it and something precedes it, else not at all; its substitution turns
+    each run of characters outside ``[0-9a-zA-Z_]`` into one ``_`` and puts ``_`` before a leading
+    digit. Torch's ``Graph.create_node`` asks with ``obj=None``; the source writer with the node."""
+    known = namespace._obj_to_name
+    if obj is not None and obj in known:
+        return known[obj]
+    if not candidate.isascii():
+        return namespace.create_name(candidate, obj)
+    if not candidate.isidentifier():
+        parts = candidate.split(".")
+        if len(parts) == 1 or not all(p.isidentifier() or p.isdigit() for p in parts):
+            return namespace.create_name(candidate, obj)
+        candidate = "_".join(parts)
+        if candidate[0].isdigit():
+            candidate = "_" + candidate
+    head, _, tail = candidate.rpartition("_")
+    if head and tail.isdigit():
+        base, number = head, tail
+    else:
+        base, number = candidate, None
+    used, counts = namespace._used_names, namespace._base_count
+    if number is None or candidate in used:
+        count = counts.get(base, 0)
+        if _fxgraph._illegal_names.get(candidate, obj) is not obj:
+            count += 1
+            candidate = f"{base}_{count}"
+    else:
+        count = int(number)
+    while candidate in used:
+        count += 1
+        candidate = f"{base}_{count}"
+    used.add(candidate)
+    counts[base] = count
+    if obj is not None:
+        known[obj] = candidate
+    return candidate
+
+
 class _Unsupported(Exception):
     """Raised inside :class:`_Writer` only, at the first thing it does not write; caught by
     :meth:`_Writer.write`, which then answers None. (Checking every argument in a pass of its own
@@ -109,38 +155,9 @@ class _Writer:
         return name
 
     def node_name(self, node: Node) -> str:
-        """``self.namespace.create_name(node.name, node)``, the same name and the same namespace state,
-        without its regular expression for a name that is an ASCII identifier (every node name a graph's
-        own namespace hands out): torch's pattern ``([a-zA-Z_][0-9a-zA-Z_]*?)(?:_(\\d+))?`` splits such a
-        name at its last ``_`` when digits alone follow it and something precedes it, else not at all.
-        Asked once per node of every graph written (a fifth of the writer's time, through torch's)."""
-        candidate = node.name
-        namespace = self.namespace
-        known = namespace._obj_to_name
-        if node in known:
-            return known[node]
-        if not (candidate.isascii() and candidate.isidentifier()):
-            return namespace.create_name(candidate, node)
-        head, _, tail = candidate.rpartition("_")
-        if head and tail.isdigit():
-            base, number = head, tail
-        else:
-            base, number = candidate, None
-        used, counts = namespace._used_names, namespace._base_count
-        if number is None or candidate in used:
-            count = counts.get(base, 0)
-            if _fxgraph._illegal_names.get(candidate, node) is not node:
-                count += 1
-                candidate = f"{base}_{count}"
-        else:
-            count = int(number)
-        while candidate in used:
-            count += 1
-            candidate = f"{base}_{count}"
-        used.add(candidate)
-        counts[base] = count
-        known[node] = candidate
-        return candidate
+        """``self.namespace.create_name(node.name, node)`` (:func:`unique_name`). Asked once per node of
+        every graph written (a fifth of the writer's time, through torch's)."""
+        return unique_name(self.namespace, node.name, node)
 
     def annotation(self, kind: Any) -> str:
         """An annotation's text (``type_repr`` in torch's writer) for one that is not generic (no

@@ -200,7 +200,7 @@ def create_node_fast(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs:
         if key is not None:
             base_names[key] = base
     namespace = graph._graph_namespace
-    name = namespace.create_name(base, None)
+    name = codegen.unique_name(namespace, base, None)
     node = fx.Node(graph, name, op, target, args, kwargs)
     namespace.associate_name_with_obj(name, node)
     graph._insert(node)

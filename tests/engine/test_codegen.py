@@ -325,7 +325,7 @@ def test_recompiling_is_torchs_alone_on_the_public_paths(monkeypatch):
 
 
 _NAME_PARTS = st.sampled_from(["x", "linear", "a", "_", "__", "1", "01", "12", "0", "conv", "input", "sum", "if",
-                               "self", "torch", "getattr", "é", "١", "x.y", "-", "A", "Z9"])
+                               "self", "torch", "getattr", "é", "١", "x.y", "-", "A", "Z9", ".", "layer1.0."])
 
 
 class _Named:
@@ -339,16 +339,21 @@ class _Named:
                 max_size=30))
 @example([(False, n) for n in ("_1", "_1", "a_01", "a_1", "x_1_2", "x_1", "input", "if", "1a", "a-b_3", "a__1", "a_",
                                "linear", "linear_1", "linear")] + [(True, "linear"), (True, "x_1")])
+@example([(True, n) for n in ("layer1.0.conv1", "layer1_0_conv1", "layer1.0.conv1", "0.conv", "_0_conv", "a..b",
+                              ".a", "a.", "a.1", "1.2", "if.x", "a.b_1", "a.b_01", "a_b_1", "x.y", "input.0",
+                              "sum.1", "é.x", "a.-b")])
 def test_node_names_are_the_namespaces_own(steps):
-    """The writer's node names agree with ``_Namespace.create_name`` on any sequence of node names and
-    globals (illegal characters, numeric suffixes, leading digits, builtins, keywords, repeats, a node
-    asked twice): the same names, and the same namespace state after each step."""
+    """The writer's node names, and :func:`codegen.unique_name` without an object (what a new node's
+    name is made with: ``fxaccess.create_node_fast``, dotted module paths included), agree with
+    ``_Namespace.create_name`` on any sequence of node names and names without a node (illegal
+    characters, dots, numeric suffixes, leading digits, builtins, keywords, repeats, a node asked
+    twice): the same names, and the same namespace state after each step."""
     writer = codegen._Writer(fx.Graph()._codegen)
     reference = fx.graph._Namespace()
     nodes: list = []
     for is_global, text in steps:
         if is_global:
-            got, want = writer.namespace.create_name(text, None), reference.create_name(text, None)
+            got, want = codegen.unique_name(writer.namespace, text, None), reference.create_name(text, None)
         else:
             node = nodes[len(nodes) // 2] if text == "x" and nodes else _Named(text)  # sometimes one asked before
             nodes.append(node)
