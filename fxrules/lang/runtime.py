@@ -9,11 +9,12 @@ around their work and every setting is restored when the outermost entry leaves:
   traverse them again and again (about half of the time of checking 2,000 rules; two thirds
   of a 20,000-node graph copy). Nothing here needs garbage cycles freed early; the first
   collection after the entry finds any. A collector the caller disabled stays disabled.
-  The entry points enter before they import what they use on first call (the engine): right
+  ``apply_rules``, ``find_matches`` and ``explain`` enter before they import the engine: right
   after ``import torch`` a full collection is due, and the first few thousand allocations set
   it off, a traversal of every object torch made (about 55 ms, a quarter of a first
   ``apply_rules`` on a small model). That collection is torch's debt, not the call's work:
-  it stays due, and the caller's next full collection makes it. (What the call allocated
+  it stays due, and the caller's next full collection makes it (in a script that ends after
+  the call, the one at the interpreter's exit: moved, not saved). (What the call allocated
   while paused is still traversed once, by the young collection just after the exit.)
 * **The recursion limit is at least** :data:`RECURSION_LIMIT`. The checker, the compiler and
   the matcher recurse once or a few times per nesting level, and the parser allows
