@@ -1054,27 +1054,79 @@ def restore_node_state(node: fx.Node, state: NodeState) -> None:
 
 def unlink_created_node(graph: fx.Graph, node: fx.Node) -> None:
     """Take ``node``, made by the edits being undone, out of ``graph``: out of its node list (unless
-    erased already), its lookup table and its name table. Other nodes' users are restored apart."""
+    erased already, or never linked: an edit interrupted inside node creation) and its lookup table.
+    Other nodes' users and the name table (:func:`restore_name_table`) are restored apart."""
     if not node._erased:
-        graph._find_nodes_lookup_table.remove(node)
-        node._remove_from_list()
+        if node in graph._find_nodes_lookup_table:
+            graph._find_nodes_lookup_table.remove(node)
+        if linked(node):
+            node._remove_from_list()
         object.__setattr__(node, "_erased", True)
-        graph._len -= 1
-    namespace = graph._graph_namespace
-    namespace._obj_to_name.pop(node, None)
-    namespace._used_names.discard(node.name)
 
 
 def relink_erased_node(graph: fx.Graph, node: fx.Node, after: fx.Node) -> None:
     """Put ``node``, erased by the edits being undone, back into ``graph`` right after ``after`` (the
-    graph's root sentinel for the first place); its arguments and users are restored apart."""
+    graph's root sentinel for the first place); its arguments and users are restored apart.
+
+    The journal records an erasure before it is made, so an erasure that failed part way (a
+    GraphModule's erase-node hook raising, an interrupt) may have left ``node`` in the list, or in it
+    but out of the lookup table: it is then only filed again. Linking a node that is still linked
+    would tie the list into a loop."""
     setattr_ = object.__setattr__
-    setattr_(node, "_prev", node)  # erasing left the old neighbours here: unlinking must not touch them
-    setattr_(node, "_next", node)
-    after._next._prepend(node)
+    if not linked(node):
+        setattr_(node, "_prev", node)  # erasing left the old neighbours here: unlinking must not touch them
+        setattr_(node, "_next", node)
+        after._next._prepend(node)
     setattr_(node, "_erased", False)
-    graph._len += 1
-    graph._find_nodes_lookup_table.insert(node)
+    table = graph._find_nodes_lookup_table
+    if node not in table:
+        table.insert(node)
+
+
+def linked(node: fx.Node) -> bool:
+    """Whether ``node`` is in its graph's node list: its neighbours point at it. A node never linked
+    points at itself; an unlinked one still points at its old neighbours, which no longer point back."""
+    prev = node._prev
+    return prev is not node and prev._next is node
+
+
+def insertion_gap(graph: fx.Graph) -> Optional[tuple]:
+    """The two adjacent nodes between which ``graph`` now inserts a new node (``inserting_before(n)``
+    inserts with ``n.prepend``, ``inserting_after(n)`` with ``n.append``; the default appends at the
+    end, before the root sentinel), or None for an insert point of another kind."""
+    insert = graph._insert
+    anchor = getattr(insert, "__self__", None)
+    if not isinstance(anchor, fx.Node):
+        return None
+    name = getattr(insert, "__name__", "")
+    if name in ("prepend", "_prepend"):
+        return anchor._prev, anchor
+    if name in ("append", "_append"):
+        return anchor, anchor._next
+    return None
+
+
+def nodes_between(left: fx.Node, right: fx.Node, limit: int = 64) -> list:
+    """The nodes linked after ``left`` up to ``right`` (not included): what a node creation that failed
+    part way left at its insertion gap (:func:`insertion_gap`). At most ``limit``: a creation links one."""
+    found = []
+    node = left._next
+    while node is not right and node is not left and len(found) < limit:
+        found.append(node)
+        node = node._next
+    return found
+
+
+def recount_nodes(graph: fx.Graph) -> None:
+    """Set ``graph``'s node count from its node list (after an undo: an edit interrupted between
+    linking or unlinking a node and counting it leaves the count off by one)."""
+    root = graph._root
+    count = 0
+    node = root._next
+    while node is not root:
+        count += 1
+        node = node._next
+    graph._len = count
 
 
 def graph_root(graph: fx.Graph) -> fx.Node:
@@ -1082,16 +1134,28 @@ def graph_root(graph: fx.Graph) -> fx.Node:
     return graph._root
 
 
-def name_counters(graph: fx.Graph) -> dict:
-    """The per-base-name counters of ``graph``'s name table (to be given back with
-    :func:`restore_name_counters`)."""
-    return dict(graph._graph_namespace._base_count)
+class NameTable(NamedTuple):
+    """A graph's name table, copied: its per-base-name counters, the names it has given out, and the
+    name it gave each object."""
+
+    counters: dict
+    used: set
+    names: dict
 
 
-def restore_name_counters(graph: fx.Graph, counters: dict) -> None:
-    store = graph._graph_namespace._base_count
-    store.clear()
-    store.update(counters)
+def name_table(graph: fx.Graph) -> NameTable:
+    """``graph``'s name table now (to be given back with :func:`restore_name_table`)."""
+    namespace = graph._graph_namespace
+    return NameTable(dict(namespace._base_count), set(namespace._used_names), dict(namespace._obj_to_name))
+
+
+def restore_name_table(graph: fx.Graph, saved: NameTable) -> None:
+    """Give ``graph``'s name table back what :func:`name_table` saved, keeping its own containers."""
+    namespace = graph._graph_namespace
+    for mine, before in ((namespace._base_count, saved.counters), (namespace._used_names, saved.used),
+                         (namespace._obj_to_name, saved.names)):
+        mine.clear()
+        mine.update(before)
 
 
 def module_stores(module: nn.Module) -> tuple:

@@ -61,7 +61,7 @@ class Unrecorded:
     def touch(self, node: fx.Node) -> None:
         pass
 
-    def creating(self) -> None:
+    def creating(self, args: tuple, kwargs: dict) -> None:
         pass
 
     def created(self, node: fx.Node) -> None:
@@ -97,27 +97,34 @@ class Journal:
         self.made: dict = {}  # the nodes this run created, in order (a dict as an ordered set)
         self.erased: list = []  # (node, the node it came after), in the order the graph's own nodes were erased
         self.unused: dict = {}  # targets of the graph's own call_module/get_attr nodes that were erased
-        self.counters: Optional[dict] = None  # the name table's counters before the first node was created
+        self.names: Optional[fxaccess.NameTable] = None  # the graph's name table before the first node was created
         self.stores: dict = {}  # id(dict) -> (the dict, its items before this run first wrote it)
         self.class_code: Optional[tuple] = None  # (class, {name: value or _ABSENT}) before the recompile
+        # A node creation begun and not yet recorded: (the insertion gap's two nodes, the new node's
+        # arguments and keywords), or None. A creation that fails part way (a create-node hook of the
+        # GraphModule raising after the node was linked, an interrupt) leaves a node no entry names.
+        self.pending: Optional[tuple] = None
 
     def touch(self, node: fx.Node) -> None:
         """Before an edit changes ``node`` (a node the graph had before this run)."""
         if node not in self.saved and node not in self.made:
             self.saved[node] = fxaccess.node_state(node)
 
-    def creating(self) -> None:
-        """Before a node is created."""
-        if self.counters is None:
-            self.counters = fxaccess.name_counters(self.graph)
+    def creating(self, args: tuple, kwargs: dict) -> None:
+        """Before a node is created with these arguments at the graph's insert point."""
+        if self.names is None:
+            self.names = fxaccess.name_table(self.graph)
+        self.pending = (fxaccess.insertion_gap(self.graph), args, kwargs)
 
     def created(self, node: fx.Node) -> None:
-        """After ``node`` was created: its inputs gained it as a user."""
-        self.made[node] = None
+        """After ``node`` was created: its inputs gained it as a user. (Its inputs' states are saved
+        before it counts as made: until then :meth:`rollback` finds it as an unfinished creation.)"""
         saved, made = self.saved, self.made
         for used in node.all_input_nodes:
             if used not in saved and used not in made:
                 saved[used] = fxaccess.node_state(used, without_user=node)
+        made[node] = None
+        self.pending = None
 
     def replacing(self, root: fx.Node, value: fx.Node) -> None:
         """Before ``root``'s uses are replaced by ``value``."""
@@ -165,10 +172,12 @@ class Journal:
 
     def rollback(self) -> None:
         graph = self.graph
+        if self.pending is not None:
+            self._abandon_creation()
         for node in reversed(self.made):
             fxaccess.unlink_created_node(graph, node)
-        if self.counters is not None:
-            fxaccess.restore_name_counters(graph, self.counters)
+        if self.names is not None:
+            fxaccess.restore_name_table(graph, self.names)
         for node, after in reversed(self.erased):
             fxaccess.relink_erased_node(graph, node, after)
         for node, state in self.saved.items():
@@ -188,6 +197,28 @@ class Journal:
                         delattr(cls, name)
                 else:
                     setattr(cls, name, value)
+        fxaccess.recount_nodes(graph)
+
+    def _abandon_creation(self) -> None:
+        """Undo a node creation that did not finish (:attr:`pending`): the node it linked at the
+        insertion gap joins the made nodes, to be unlinked, and a node it made but did not link is
+        dropped from its inputs' users (those the journal has no state of; the others get theirs
+        back). The name table is restored whole (:meth:`rollback`)."""
+        gap, args, kwargs = self.pending
+        self.pending = None
+        strays = fxaccess.nodes_between(*gap) if gap is not None else []
+        made, saved = self.made, self.saved
+        for node in strays:
+            if node not in made:
+                made[node] = None
+        inputs: dict = {}
+        fx.node.map_arg((args, kwargs), lambda n: inputs.setdefault(n, None))
+        for used in inputs:
+            if used in saved or used in made:
+                continue
+            for user in list(used.users):
+                if user not in saved and (user in strays or not fxaccess.linked(user)):
+                    del used.users[user]
 
 
 _ABSENT = object()
@@ -232,7 +263,7 @@ class Workpiece:
         """A node at the graph's insert point: what ``Graph.create_node`` makes, with the same name
         (faster: :func:`fxrules.engine.fxaccess.create_node_fast`)."""
         journal = self.journal
-        journal.creating()
+        journal.creating(args, kwargs)
         node = fxaccess.create_node(self.graph, op, target, args, kwargs, self._node_names)
         journal.created(node)
         return node

@@ -18,6 +18,7 @@ from torch.testing import assert_close
 
 import fxrules
 import fxrules.engine.transaction as transaction
+from fxrules.engine import codegen, fxaccess
 import tests.helpers_builders as helpers
 from fxrules import zoo
 from tests.engine import test_faults as faults
@@ -194,6 +195,129 @@ def test_users_come_back_in_their_order():
         fxrules.apply_rules(gm, fault_rules("predicate_boom"), inplace=True)
     assert [u.name for u in x.users] == ["relu", "drop", "neg"]
     assert_same_deep(before, deep_snapshot(gm))
+
+
+# ---------------------------------------------------------------------------
+# an edit that stops part way
+# ---------------------------------------------------------------------------
+
+EDITING = fxrules.load_rules(RULES_DIR).select(names=["remove_dropout", "relu_idempotent", "fold_conv2d_bn"]) \
+    + fxrules.parse_rules("rule spelled [exact]: call_function operator.add($x, 1) -> call_function torch.add($x, 1)\n",
+                          source="spelled.fxr")
+"""Rules whose rewrites of ConvBN erase nodes (the dropout, the outer relu, the conv and the bn), create a
+module call (the fold) and a function call (``torch.add``), rewire users, and place a module."""
+
+EDITED = {"remove_dropout": 1, "relu_idempotent": 1, "fold_conv2d_bn": 1, "spelled": 1}
+
+
+class NodeHookSaysNo(Exception):
+    pass
+
+
+def assert_list_intact(graph: fx.Graph, before: dict) -> None:
+    """The graph's node list runs from its root back to its root through as many nodes as before, each
+    pointing back at the one before it (a walk bounded by that count: a list tied into a loop fails
+    here rather than hang the snapshot's walk)."""
+    root = graph._root
+    node, count = root, 0
+    while True:
+        following = node._next
+        assert following._prev is node, f"%{following.name} does not point back at %{node.name}"
+        if following is root:
+            break
+        count += 1
+        assert count <= len(before["nodes"]), "the node list is longer than before, or tied into a loop"
+        node = following
+    assert count == len(before["nodes"])
+
+
+@pytest.mark.parametrize("kind", ["create", "erase"])
+@pytest.mark.parametrize("at_call", [1, 2])
+def test_a_node_hook_that_raises_inside_an_edit(kind, at_call):
+    """A GraphModule may carry create-node and erase-node hooks (``_register_create_node_hook``, used by
+    inductor), which torch runs inside ``create_node`` after linking the new node and inside
+    ``erase_node`` before unlinking the node. One that raises leaves its edit half made. The rollback
+    must unlink a new node the journal never recorded, and must not link again a node it recorded as
+    erased that is still in the list: that tied the list into a loop, and iterating the caller's graph
+    never ended (found by injecting a fault at every call of each edit primitive)."""
+    gm = traced_conv_bn()
+    x, = faults.inputs_for(gm)
+    with torch.no_grad():
+        expected = gm(x)
+    before = deep_snapshot(gm)
+    seen = []
+
+    def hook(node):
+        seen.append(node.name)
+        if len(seen) == at_call:
+            raise NodeHookSaysNo(f"the {kind} hook refuses %{node.name}")
+
+    getattr(gm, f"_register_{kind}_node_hook")(hook)
+    with pytest.raises(fxrules.RewriteError, match=f"the {kind} hook refuses") as info:
+        fxrules.apply_rules(gm, EDITING, inplace=True)
+    assert isinstance(info.value.__cause__, NodeHookSaysNo)
+    getattr(gm, f"_unregister_{kind}_node_hook")(hook)
+    assert len(seen) == at_call
+    assert_list_intact(gm.graph, before)
+    assert_same_deep(before, deep_snapshot(gm))
+    gm.graph.lint()
+    with torch.no_grad():
+        assert_close(gm(x), expected, rtol=0, atol=0)
+    result = fxrules.apply_rules(gm, EDITING, inplace=True)
+    assert result.counts == EDITED
+    assert gm.code == fxrules.apply_rules(traced_conv_bn(), EDITING).module.code
+
+
+# Every primitive an in-place rewrite edits the graph with, and the journal's records around them. An
+# interrupt (a KeyboardInterrupt: it can arrive between any two bytecodes) just before or just after each
+# call of each shows that the journal's record of every edit undoes it wherever the edit stopped.
+PRIMITIVES = [
+    (fxaccess, "create_node"), (fxaccess, "erase_node"), (codegen, "unique_name"),
+    (fx.Node, "__init__"), (fx.Node, "_prepend"), (fx.Node, "_remove_from_list"),
+    (torch._C, "_fx_map_arg"), (transaction.Workpiece, "replace_uses"), (fx.Node, "replace_all_uses_with"),
+    (transaction.Journal, "creating"), (transaction.Journal, "created"), (transaction.Journal, "erasing"),
+    (transaction, "_erase_dead"), (transaction.Workpiece, "take_name"), (transaction, "_put_at"),
+    (fxaccess, "put_child"), (transaction.Journal, "recompiling"), (fx.GraphModule, "recompile"),
+]
+
+
+@pytest.mark.parametrize("owner, name", PRIMITIVES, ids=[f"{getattr(o, '__name__', o)}.{n}" for o, n in PRIMITIVES])
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_interrupt_at_any_call_of_an_edit_primitive_is_undone(monkeypatch, owner, name, when):
+    original = getattr(owner, name)
+    interrupted_runs = 0
+    for stop_at in range(1, 200):
+        calls = 0
+
+        def interrupting(*args, **kwargs):
+            nonlocal calls
+            calls += 1
+            if calls == stop_at and when == "before":
+                raise KeyboardInterrupt
+            result = original(*args, **kwargs)
+            if calls == stop_at:
+                raise KeyboardInterrupt
+            return result
+
+        gm = traced_conv_bn()
+        before = deep_snapshot(gm)
+        monkeypatch.setattr(owner, name, interrupting)
+        try:
+            result = fxrules.apply_rules(gm, EDITING, inplace=True)
+        except KeyboardInterrupt:
+            pass
+        else:  # fewer calls than stop_at: the run finished, as an untouched module's does
+            assert result.counts == EDITED
+            break
+        finally:
+            monkeypatch.undo()
+        interrupted_runs += 1
+        assert_list_intact(gm.graph, before)
+        assert_same_deep(before, deep_snapshot(gm))
+        assert fxrules.apply_rules(gm, EDITING, inplace=True).counts == EDITED
+    else:
+        pytest.fail(f"{name} was still being called at call {stop_at}")
+    assert interrupted_runs > 0, f"{name} was never called"
 
 
 def test_the_iteration_cap():
