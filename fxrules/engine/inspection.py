@@ -152,15 +152,15 @@ def merge(settlements: list) -> Settlement:
                       tuple(r for s in settlements for r in s.repointed))
 
 
-def apply_settlement(graph: fx.Graph, settlement: Settlement, erased: Any) -> set:
+def apply_settlement(work: Any, settlement: Settlement) -> set:
     """Drop the implied assertions and re-point the reads (before the roots are replaced, so the
-    replacement's ``replace_all_uses_with`` carries the reads to the new value). ``erased``: called
-    with each node erased (the workpiece's index). Returns the nodes touched."""
+    replacement's ``replace_all_uses_with`` carries the reads to the new value), through the
+    workpiece (:class:`fxrules.engine.transaction.Workpiece`: its ``erase`` and ``repoint`` keep its
+    indexes and, in place, the journal). Returns the nodes touched."""
     touched: set = set()
     for user in settlement.dropped:
-        graph.erase_node(user)
-        erased(user)
+        work.erase(user)
     for user, interior, root in settlement.repointed:
-        user.replace_input_with(interior, root)
+        work.repoint(user, interior, root)
         touched.add(user)
     return touched

@@ -70,6 +70,9 @@ class Unrecorded:
     def replacing(self, root: fx.Node, value: fx.Node) -> None:
         pass
 
+    def repointing(self, user: fx.Node, new: fx.Node) -> None:
+        pass
+
     def erasing(self, node: fx.Node) -> None:
         pass
 
@@ -127,11 +130,22 @@ class Journal:
         self.pending = None
 
     def replacing(self, root: fx.Node, value: fx.Node) -> None:
-        """Before ``root``'s uses are replaced by ``value``."""
+        """Before ``root``'s uses are replaced by ``value``. Torch rewires a user by taking it off the
+        users of every node it reads and putting it back at the end: the users of a user's other
+        inputs change order too, so they are saved as well."""
         saved, made = self.saved, self.made
         for node in (root, value, *root.users):  # touch(), written out: per rewrite, on the hot path
             if node not in saved and node not in made:
                 saved[node] = fxaccess.node_state(node)
+        for user in root.users:
+            for used in user.all_input_nodes:
+                if used not in saved and used not in made:
+                    saved[used] = fxaccess.node_state(used)
+
+    def repointing(self, user: fx.Node, new: fx.Node) -> None:
+        """Before ``user``'s reads of one node are re-pointed to ``new`` (as :meth:`replacing`, for one user)."""
+        for node in (user, new, *user.all_input_nodes):
+            self.touch(node)
 
     def erasing(self, node: fx.Node) -> None:
         """Before ``node`` is erased: its inputs lose it as a user; a node the graph had goes back
@@ -272,6 +286,11 @@ class Workpiece:
         """Every use of ``root`` becomes a use of ``value``."""
         self.journal.replacing(root, value)
         root.replace_all_uses_with(value)
+
+    def repoint(self, user: fx.Node, old: fx.Node, new: fx.Node) -> None:
+        """``user`` reads ``new`` where it read ``old``."""
+        self.journal.repointing(user, new)
+        user.replace_input_with(old, new)
 
     def erase(self, node: fx.Node) -> None:
         """Erase ``node`` (it has no users left)."""
@@ -911,7 +930,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     touched: set = set(writer.created)
     touched.update(writer.kept)
     if plan.inspections is not NO_INSPECTIONS:  # users that only inspect (planner)
-        touched.update(apply_settlement(graph, plan.inspections, work.erased))
+        touched.update(apply_settlement(work, plan.inspections))
     roots = match.roots
     for root, value in zip(roots, new_values):
         if isinstance(value, fx.Node) and value is not root:

@@ -268,6 +268,73 @@ def test_a_node_hook_that_raises_inside_an_edit(kind, at_call):
     assert gm.code == fxrules.apply_rules(traced_conv_bn(), EDITING).module.code
 
 
+def _inspected_twice(graph, x, inner, outer):
+    """ConvBN aside: ``neg(neg(x))`` whose inner neg an implied metadata assertion checks and a
+    ``size()`` read after the match reads (tests/test_fuse_inspection.py)."""
+    with graph.inserting_after(inner):
+        graph.call_function(torch.ops.aten._assert_tensor_metadata.default, (inner,),
+                            {"dtype": torch.float32, "device": torch.device("cpu"), "layout": torch.strided})
+    with graph.inserting_after(outer):
+        size = graph.call_method("size", (inner,))
+    return (size,)
+
+
+@pytest.mark.parametrize("where", ["recompile", "another_rewrite"])
+def test_users_that_only_inspect_are_given_back(monkeypatch, where):
+    """A rewrite settles the users that only inspect its interior node (engine/inspection.py): it drops
+    an implied assertion and re-points a metadata read to the root. In place, both edits go through the
+    journal (they were made on the graph directly, so a rollback left the assertion erased and the read
+    re-pointed), and so do the users' other inputs, whose users torch reorders when it rewires a user."""
+    from tests.test_fuse_inspection import RULES as NEG_NEG, _module
+
+    gm = _module(_inspected_twice)
+    x = randn(3, 4)
+    before = deep_snapshot(gm)
+    rules = NEG_NEG
+    if where == "recompile":
+        monkeypatch.setattr(fx.GraphModule, "recompile", faults.interrupt)
+    else:  # a later rewrite's builder raises (relu after the neg pair, folded by a builder that raises)
+        rules = NEG_NEG + fxrules.parse_rules(
+            "rule boom [exact]: call_method size($x) where tests.helpers_builders.exploding_predicate($x) -> $x\n",
+            source="boom.fxr", allow_imports=["tests"])
+    with pytest.raises((KeyboardInterrupt, fxrules.RewriteError)):
+        fxrules.apply_rules(gm, rules, example_inputs=(x,), inplace=True)
+    monkeypatch.undo()
+    assert_list_intact(gm.graph, before)
+    assert_same_deep(before, deep_snapshot(gm))
+    result = fxrules.apply_rules(gm, NEG_NEG, example_inputs=(x,), inplace=True)
+    assert result.counts == {"double_neg": 1}
+    assert gm.code == fxrules.apply_rules(_module(_inspected_twice), NEG_NEG, example_inputs=(x,)).module.code
+
+
+class TanhBeside(nn.Module):
+    """``r`` has the users ``a`` then ``b``. Rewiring ``a`` (its ``F.tanh`` input replaced by
+    ``torch.tanh``) takes ``a`` off ``r``'s users and puts it back last: ``b`` then ``a``."""
+
+    def forward(self, x):
+        r = torch.relu(x)
+        a = r + torch.nn.functional.tanh(x)
+        b = torch.neg(r)
+        return a, b
+
+
+def test_a_rewired_user_s_other_inputs_get_their_users_order_back(monkeypatch):
+    """Found by test_fuzz_engine's in-place property: the journal saved the replaced node, its
+    replacement and its users, but not the users' other inputs, whose users torch reorders."""
+    gm = fx.symbolic_trace(TanhBeside())
+    r = next(n for n in gm.graph.nodes if n.name == "relu")
+    assert [u.name for u in r.users] == ["add", "neg"]
+    before = deep_snapshot(gm)
+    rules = fxrules.load_rules(RULES_DIR / "canonicalize" / "tanh.fxr")
+    monkeypatch.setattr(fx.GraphModule, "recompile", faults.interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        fxrules.apply_rules(gm, rules, inplace=True)
+    monkeypatch.undo()
+    assert [u.name for u in r.users] == ["add", "neg"]
+    assert_same_deep(before, deep_snapshot(gm))
+    assert fxrules.apply_rules(gm, rules, inplace=True).counts
+
+
 # Every primitive an in-place rewrite edits the graph with, and the journal's records around them. An
 # interrupt (a KeyboardInterrupt: it can arrive between any two bytecodes) just before or just after each
 # call of each shows that the journal's record of every edit undoes it wherever the edit stopped.
