@@ -51,8 +51,7 @@ from torch import fx, nn
 from torch.testing import assert_close
 
 import fxrules
-from fxrules.engine import fxaccess, transaction
-from tests.engine.test_inplace import assert_same_deep, deep_snapshot
+from tests.engine.test_inplace import GRAPH_EDITS, Interrupting, assert_same_deep, deep_snapshot
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
 LIBRARY = fxrules.load_rules(RULES_DIR).select(contracts=["exact", "approx"])  # not the [changes] swaps
@@ -603,67 +602,24 @@ def test_rule_subsets_on_random_graphs(spec, rules):
 # In place (apply_rules(..., inplace=True)): what a copying run gives, and all or nothing
 # ---------------------------------------------------------------------------
 
-# The primitives an in-place rewrite edits the caller's graph with (tests/engine/test_inplace.py
-# interrupts each at every call on one model; here at a drawn call on random graphs).
-_EDIT_PRIMITIVES = (
-    (fxaccess, "create_node"), (fxaccess, "erase_node"), (fx.Node, "_prepend"), (fx.Node, "_remove_from_list"),
-    (fx.Node, "replace_all_uses_with"), (transaction.Journal, "created"), (transaction.Journal, "erasing"),
-    (transaction.Journal, "meta_of"), (fx.GraphModule, "recompile"),
-)
-
-
-class _Patched:
-    """``owner.name`` replaced by a wrapper that counts its calls and, at call ``stop_at`` (if given),
-    raises KeyboardInterrupt just before or just after the call; put back on exit."""
-
-    def __init__(self, owner: Any, name: str, stop_at: Optional[int] = None, before: bool = True):
-        self.owner, self.name, self.stop_at, self.before = owner, name, stop_at, before
-        self.calls = 0
-
-    def __enter__(self) -> "_Patched":
-        owner, name = self.owner, self.name
-        self.original = owner.__dict__.get(name, _ABSENT)
-        function = getattr(owner, name)
-
-        def patched(*args: Any, **kwargs: Any) -> Any:
-            self.calls += 1
-            if self.calls == self.stop_at and self.before:
-                raise KeyboardInterrupt
-            result = function(*args, **kwargs)
-            if self.calls == self.stop_at:
-                raise KeyboardInterrupt
-            return result
-
-        setattr(owner, name, patched)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.original is _ABSENT:
-            delattr(self.owner, self.name)
-        else:
-            setattr(self.owner, self.name, self.original)
-
-
-_ABSENT = object()
-
-
-@given(spec=graph_specs(), rules=rule_subsets(), data=st.data())
+@given(spec=graph_specs(), rules=st.one_of(st.just(LIBRARY), rule_subsets()), data=st.data())
 @pytest.mark.slow
 def test_in_place_on_random_graphs(spec, rules, data):
-    """An in-place run gives a copying run's result (code, report, state_dict keys, outputs) in the
+    """The whole library (most rewrites per graph) or a random subset of it in random order.
+    An in-place run gives a copying run's result (code, report, state_dict keys, outputs) in the
     caller's own module. Interrupted at a drawn call of a drawn edit primitive (among the calls an
-    uninterrupted run makes), it leaves the module exactly as it was, and runs again to that result."""
+    uninterrupted run makes; test_inplace.GRAPH_EDITS), it leaves the module exactly as it was, and runs again to that result."""
     inputs = example_inputs(spec)
     copying = fxrules.apply_rules(build(spec), rules, example_inputs=inputs)
-    owner, name = data.draw(st.sampled_from(_EDIT_PRIMITIVES), label="primitive")
+    owner, name = data.draw(st.sampled_from(GRAPH_EDITS), label="primitive")
     counting = build(spec)
-    with _Patched(owner, name) as counted:
+    with Interrupting(owner, name) as counted:
         fxrules.apply_rules(counting, rules, example_inputs=inputs, inplace=True)
     gm = build(spec)
     if counted.calls:
         stop_at = data.draw(st.integers(1, counted.calls), label="interrupted at call")
         before = deep_snapshot(gm)
-        with pytest.raises(KeyboardInterrupt), _Patched(owner, name, stop_at, data.draw(st.booleans(), label="before")):
+        with pytest.raises(KeyboardInterrupt), Interrupting(owner, name, stop_at, data.draw(st.booleans(), label="before")):
             fxrules.apply_rules(gm, rules, example_inputs=inputs, inplace=True)
         assert_same_deep(before, deep_snapshot(gm))
     result = fxrules.apply_rules(gm, rules, example_inputs=inputs, inplace=True)
