@@ -366,10 +366,15 @@ class Aliasing:
         except TypeError:
             return tuple(node.all_input_nodes)
         if kind is None:
-            kind = self._function_kinds[target] = function_kind(target)
+            kind = function_kind(target)
+            if kind == _SCHEMA:  # the schema's answer, read once per target for the run
+                kind = schema_alias_positions(target)
+            self._function_kinds[target] = kind
         out = node.kwargs.get("out") if node.kwargs else None
         if isinstance(out, fx.Node):
             return (out,)
+        if kind.__class__ is tuple:
+            return nodes_at(node, kind) if kind else ()
         if kind == _FRESH:
             if node.kwargs and node.kwargs.get("inplace") is True and node.args and isinstance(node.args[0], fx.Node):
                 return (node.args[0],)
@@ -381,8 +386,6 @@ class Aliasing:
             if len(node.args) > 1 and node.args[1] in VIEW_ATTRIBUTES and isinstance(node.args[0], fx.Node):
                 return (node.args[0],)
             return ()
-        if kind == _SCHEMA:
-            return _schema_bases(node)
         return tuple(node.all_input_nodes)  # _ALL: unknown, or views of every argument
 
     # -- walks -----------------------------------------------------------------
@@ -549,23 +552,42 @@ def op_result_may_alias(target: Any) -> bool:
                for argument in schema.arguments)
 
 
-def _schema_bases(node: fx.Node) -> tuple:
-    """The arguments an operator's schema says its outputs alias (``Tensor(a) self -> Tensor(a)``;
-    ``Tensor(a -> *) self -> Tensor(a)[]`` for the pieces of ``split``)."""
-    schema = fxaccess.op_schema(node.target)
+def schema_alias_positions(target: Any) -> tuple:
+    """The arguments an ``OpOverload``'s schema says its outputs alias, as ``(index, name)`` pairs
+    (``Tensor(a) self -> Tensor(a)``; ``Tensor(a -> *) self -> Tensor(a)[]`` for the pieces of
+    ``split``); empty for an op whose outputs are fresh. Read it once per target: walking a schema's
+    alias sets costs microseconds, and an aten graph asks it of every node a check walks."""
+    schema = fxaccess.op_schema(target)
     returned: set = set()
     for value in schema.returns:
         info = value.alias_info
         if info is not None:
             returned |= set(info.before_set) | set(info.after_set)
-    found = []
+    positions = []
     for i, argument in enumerate(schema.arguments):
         info = argument.alias_info
         if info is None:
             continue
-        if not (returned & (set(info.before_set) | set(info.after_set)) or "*" in info.after_set):
-            continue
-        value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
+        if returned & (set(info.before_set) | set(info.after_set)) or "*" in info.after_set:
+            positions.append((i, argument.name))
+    return tuple(positions)
+
+
+def schema_write_positions(target: Any) -> tuple:
+    """The arguments an ``OpOverload``'s schema marks as written in place (``Tensor(a!)``), as
+    ``(index, name)`` pairs; empty for an op that writes none."""
+    return tuple((i, argument.name) for i, argument in enumerate(fxaccess.op_schema(target).arguments)
+                 if argument.alias_info is not None and argument.alias_info.is_write)
+
+
+def nodes_at(node: fx.Node, positions: tuple) -> tuple:
+    """The nodes ``node`` passes at ``positions`` (``(index, name)`` pairs of its target's schema:
+    positionally, or by keyword past its positional arguments); a list argument gives its nodes
+    (``Tensor(a!)[]``, ``Tensor(a -> *)[]``)."""
+    args = node.args
+    found = []
+    for i, name in positions:
+        value = args[i] if i < len(args) else node.kwargs.get(name)
         if isinstance(value, fx.Node):
             found.append(value)
         elif isinstance(value, (list, tuple)):

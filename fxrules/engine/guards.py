@@ -39,7 +39,6 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 from torch import fx, nn
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from fxrules.engine import fxaccess
 from fxrules.engine.aliasing import ALIASING_MODULES
@@ -94,10 +93,15 @@ class DryRun(ReplacementValues):
         self.notes: list = []
 
     def run(self) -> Prospect:
-        grad = torch.enable_grad() if self.work.tracks_grad else torch.no_grad()
-        with grad:
-            values = tuple(self.value(r) for r in self.match.program.replacements)
+        values = tuple(self.value(r) for r in self.match.program.replacements)
         return Prospect(values, self.made, tuple(self.notes))
+
+    def _grad_mode(self) -> Any:
+        """Autograd as the graph's values were computed: on where they track ``requires_grad``
+        (example inputs), off otherwise. Entered where the dry run makes a value (a call, a fake
+        copy of an attribute), not around the run: most replacements (``-> $x``, a matched node the
+        rewrite keeps) make none, and entering it costs microseconds per match."""
+        return torch.enable_grad() if self.work.tracks_grad else torch.no_grad()
 
     def computed_value(self, item: RComputed) -> Any:
         return self.computed[id(item)]
@@ -122,7 +126,8 @@ class DryRun(ReplacementValues):
 
     def fake(self, value: Any) -> Any:
         if self.mode is not None and isinstance(value, torch.Tensor) and not fxaccess.is_fake_tensor(value):
-            return self.mode.from_tensor(value)
+            with self._grad_mode():
+                return self.mode.from_tensor(value)
         return value
 
     def call(self, item: RCall) -> Any:
@@ -135,6 +140,10 @@ class DryRun(ReplacementValues):
         return result
 
     def evaluate(self, item: RCall) -> Any:
+        with self._grad_mode():
+            return self._evaluate(item)
+
+    def _evaluate(self, item: RCall) -> Any:
         args, kwargs = self.arguments(item, self.match.roots[item.root_index])
         unknown = _first_unknown((args, kwargs))
         if unknown is not None:
@@ -321,6 +330,9 @@ def metadata_changes(work: Any, match: Match, values: tuple) -> tuple:
     for index, (root, value) in enumerate(zip(match.roots, values)):
         before = root.meta.get("val")
         for old, new in _paired(before, value):
+            if old.dtype == new.dtype and old.device == new.device and _same_shape(old.shape, new.shape) \
+                    and (not grad or old.requires_grad == new.requires_grad):
+                continue  # the common case, asked without building the four comparisons below
             for what, a, b in (("shape", _shape(old), _shape(new)), ("dtype", old.dtype, new.dtype),
                                ("device", _device(old), _device(new)),
                                ("requires_grad", old.requires_grad, new.requires_grad)):
@@ -423,8 +435,21 @@ def stride_reader(root: fx.Node, *, outputs_read: bool = False) -> Optional[fx.N
 
 
 def _layout_key(t: torch.Tensor) -> tuple:
-    """The strides that matter: those of dimensions longer than 1."""
+    """The strides that matter: those of dimensions longer than 1 (symbolic ones by their expression)."""
     return tuple((i, str(s)) for i, (d, s) in enumerate(zip(t.shape, t.stride())) if str(d) != "1")
+
+
+_INT = frozenset({int})
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` have the same strides where it matters (:func:`_layout_key`). Plain
+    integer sizes and strides compare as integers; anything symbolic compares by its expression."""
+    shape, strides, other_shape, other_strides = a.shape, a.stride(), b.shape, b.stride()
+    if set(map(type, (*shape, *strides, *other_shape, *other_strides))) <= _INT:
+        return [(i, s) for i, (d, s) in enumerate(zip(shape, strides)) if d != 1] \
+            == [(i, s) for i, (d, s) in enumerate(zip(other_shape, other_strides)) if d != 1]
+    return _layout_key(a) == _layout_key(b)
 
 
 def layout_changed(match: Match, values: tuple) -> Optional[Refusal]:
@@ -439,7 +464,7 @@ def layout_changed(match: Match, values: tuple) -> Optional[Refusal]:
         if not (isinstance(before, torch.Tensor) and isinstance(value, torch.Tensor)):
             continue
         try:
-            same = _layout_key(before) == _layout_key(value)
+            same = _same_layout(before, value)
         except Exception:  # a tensor without strides (sparse, nested): nothing to compare
             continue
         if same:
@@ -595,7 +620,7 @@ def _storage(value: Any) -> Optional[int]:
     if not isinstance(value, torch.Tensor) or not fxaccess.is_fake_tensor(value):
         return None  # meta values (a real run's) carry no storage identity: nothing to compare
     try:
-        return StorageWeakRef(value.untyped_storage()).cdata
+        return fxaccess.storage_key(value)
     except Exception:
         return None
 
@@ -611,14 +636,15 @@ def output_aliased(work: Any, match: Match, values: tuple) -> Optional[Refusal]:
     """A graph output that shares storage with a root (the root itself, or a view of it) would share
     the replacement's storage instead: refused when that storage is a parameter's, a buffer's or
     another output's and the root's was not."""
-    outputs = _outputs(work.graph)
-    if not outputs:
-        return None
-    keys = [_storage(n.meta.get("val")) for n in outputs]
+    outputs = keys = None
     for index, (root, value) in enumerate(zip(match.roots, values)):
         old, new = _storage(root.meta.get("val")), _storage(value)
         if new is None or new == old:
             continue
+        if outputs is None:
+            outputs, keys = _output_storages(work)
+        if not outputs:
+            return None
         affected = [i for i, k in enumerate(keys) if k is not None and (k == old or outputs[i] is root)]
         if not affected:
             continue
@@ -632,6 +658,26 @@ def output_aliased(work: Any, match: Match, values: tuple) -> Optional[Refusal]:
                            f"share storage with {added[0]}: %{root.name} is replaced by {described}",
                            (root.name,) + ((described[1:],) if described.startswith("%") else ()))
     return None
+
+
+def _output_storages(work: Any) -> tuple:
+    """The graph's output values and their storage identities (:func:`_storage`), kept in
+    ``work.output_storages`` between matches while the output nodes are in the graph with the same
+    ``args`` object and each value has the same ``meta['val']`` (a rewire gives an output node a new
+    ``args`` tuple; a rollback gives the old one back, with the values it had; no rewrite makes an
+    output node)."""
+    graph = work.graph
+    kept = work.output_storages
+    if kept is not None and kept[0] is graph \
+            and all(node.graph is graph and not fxaccess.erased(node) and node.args is args for node, args in kept[1]) \
+            and all(node.meta.get("val") is val for node, val in zip(kept[2], kept[4])):
+        return kept[2], kept[3]
+    ends = [(node, node.args) for node in graph.find_nodes(op="output")]
+    outputs = _outputs(graph)
+    vals = [node.meta.get("val") for node in outputs]
+    keys = [_storage(val) for val in vals]
+    work.output_storages = (graph, ends, outputs, keys, vals)
+    return outputs, keys
 
 
 def _aliases(work: Any, outputs: list, keys: list, key: Optional[int], affected: list) -> list:

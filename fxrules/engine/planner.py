@@ -99,6 +99,9 @@ class Effects:
         # one walk per run, then kept by node_created/node_erased. Empty on most graphs,
         # which lets the checks that look for a write (replaced_by_value, reads_across_mutation) stop early.
         self._writer_nodes: Optional[tuple] = None
+        # the last of those writers in graph order (None: there is none), or _UNKNOWN until asked again
+        # after the set changed: see writes_after
+        self._last_writer: Any = _UNKNOWN
         # (graph, {node: None}) for the nodes that draw random numbers: found by the same walk, kept alike
         self._random: Optional[tuple] = None
         self._may_draw: dict = {}  # call_function target -> whether some call of it may draw random numbers
@@ -474,6 +477,25 @@ class Effects:
             entry = self._writer_nodes
         return entry[1]
 
+    def writes_after(self, node: fx.Node) -> bool:
+        """Whether some node after ``node`` in its graph writes an input in place. A write that a check
+        looks for among the users of ``node``'s values, or after ``node``, can only be there: users come
+        after what they read. Asked in place of walking those users where no writer follows (an
+        exported module's ``_guards_fn`` call at the top of the graph is a writer to the engine, a
+        module it does not know, and every check would otherwise walk). The last writer is remembered
+        until the set of writers changes; no rewrite moves a node."""
+        writers = self.writers(node.graph)
+        if not writers:
+            return False
+        last = self._last_writer
+        if last is _UNKNOWN:
+            last = None
+            for writer in writers:
+                if last is None or last < writer:
+                    last = writer
+            self._last_writer = last
+        return last is not None and node < last
+
     def _scan(self, graph: fx.Graph) -> None:
         """The one walk of a run that finds both kinds of writer: the nodes that write an input in place
         (:meth:`writers`) and the module calls that write their module's own tensors
@@ -492,8 +514,9 @@ class Effects:
             op = node.op
             if op == "call_function":
                 scan = _scan_of(functions, node.target, self._function_scan)
-                if scan is _SCAN_NOTHING_WITHOUT_KEYWORDS and not node.kwargs:
-                    continue  # writes only through inplace=/out=, has no keywords, and never draws
+                if scan is _SCAN_NOTHING_WITHOUT_KEYWORDS and not node.kwargs or scan is _SCAN_NOTHING_AT_ALL:
+                    continue  # writes only through inplace=/out= and has no keywords (or an op that writes
+                    # nothing by its schema), and never draws
                 if scan[1] and self.draws_random(node):
                     random[node] = None
                 if (scan[0] != _WRITES_BY_KEYWORDS or node.kwargs) and self.mutated_inputs(node):
@@ -526,6 +549,7 @@ class Effects:
                 if scan[1] and aliasing.method_draws_random(node.target):
                     random[node] = None
         self._writer_nodes = (graph, writer_nodes)
+        self._last_writer = _UNKNOWN
         self._writers = (graph, module_writers)
         self._random = (graph, random)
 
@@ -539,6 +563,8 @@ class Effects:
         scan = (kind, self._function_may_draw(target))
         if scan == _SCAN_NOTHING_WITHOUT_KEYWORDS:
             scan = _SCAN_NOTHING_WITHOUT_KEYWORDS
+        elif scan == _SCAN_NOTHING_AT_ALL:
+            scan = _SCAN_NOTHING_AT_ALL
         self._function_scans[target] = scan
         return scan
 
@@ -574,13 +600,15 @@ class Effects:
             writes = call
             if function and not node.kwargs:
                 try:
-                    writes = self._writes.get(node.target) != _WRITES_BY_KEYWORDS
+                    kind = self._writes.get(node.target)
+                    writes = kind != _WRITES_BY_KEYWORDS and kind != ()
                 except TypeError:  # an unhashable target: asked the long way
                     pass
             if writes and self.mutated_inputs(node):
                 entry[1][node] = None
-            else:
-                entry[1].pop(node, None)
+                self._last_writer = _UNKNOWN
+            elif entry[1].pop(node, _ABSENT) is not _ABSENT:
+                self._last_writer = _UNKNOWN
         entry = self._random
         if entry is not None and node.graph is entry[0]:
             if call and self.draws_random(node):  # a function that never draws: one lookup per target
@@ -598,8 +626,8 @@ class Effects:
 
     def node_erased(self, node: fx.Node) -> None:
         self._module_keys.pop(node, None)
-        if self._writer_nodes is not None:
-            self._writer_nodes[1].pop(node, None)
+        if self._writer_nodes is not None and self._writer_nodes[1].pop(node, _ABSENT) is not _ABSENT:
+            self._last_writer = _UNKNOWN
         if self._random is not None:
             self._random[1].pop(node, None)
         if self._writers is not None:
@@ -766,19 +794,24 @@ def _class_attr(cls: type, name: str) -> Any:
     return found
 
 
-_WRITES_SCHEMA, _WRITES_FIRST, _WRITES_BY_KEYWORDS, _WRITES_ALL = "schema", "first", "keywords", "all"
-"""How a call_function target writes its inputs: as its schema says (an OpOverload), always its
-first argument (``operator.iadd``, ``torch.relu_``), only when called with ``inplace=True`` or
-``out=``, or any of them (a function the engine does not know)."""
+_WRITES_FIRST, _WRITES_BY_KEYWORDS, _WRITES_ALL = "first", "keywords", "all"
+"""How a call_function target writes its inputs: always its first argument (``operator.iadd``,
+``torch.relu_``), only when called with ``inplace=True`` or ``out=``, or any of them (a function the
+engine does not know). An OpOverload's kind is instead the tuple of the arguments its schema marks
+written (:func:`aliasing.schema_write_positions`; empty: it writes none, whatever its keywords)."""
 
 _SCAN_NOTHING_WITHOUT_KEYWORDS = (_WRITES_BY_KEYWORDS, False)
 """What :meth:`Effects._function_scan` says of the common target (this object): it writes only through
 ``inplace=``/``out=`` and never draws random numbers."""
 
+_SCAN_NOTHING_AT_ALL = ((), False)
+"""What :meth:`Effects._function_scan` says of an operator whose schema marks no argument written and
+that never draws random numbers (this object): none of its calls writes or draws, keywords or not."""
 
-def _function_writes(target: Any) -> str:
+
+def _function_writes(target: Any) -> Any:
     if fxaccess.is_op_overload(target):
-        return _WRITES_SCHEMA
+        return aliasing.schema_write_positions(target)
     try:
         if target in _INPLACE_OPERATORS:
             return _WRITES_FIRST
@@ -793,18 +826,9 @@ def _function_writes(target: Any) -> str:
     return _WRITES_BY_KEYWORDS
 
 
-def _mutated_by_function(node: fx.Node, kind: str) -> list:
-    if kind == _WRITES_SCHEMA:
-        written = []
-        for i, argument in enumerate(fxaccess.op_schema(node.target).arguments):
-            info = argument.alias_info
-            if info is not None and info.is_write:
-                value = node.args[i] if i < len(node.args) else node.kwargs.get(argument.name)
-                if isinstance(value, fx.Node):
-                    written.append(value)
-                elif isinstance(value, (list, tuple)):  # Tensor(a!)[] (``_foreach_add_``)
-                    written.extend(v for v in value if isinstance(v, fx.Node))
-        return written
+def _mutated_by_function(node: fx.Node, kind: Any) -> list:
+    if kind.__class__ is tuple:  # an OpOverload: the arguments its schema marks written (Tensor(a!), Tensor(a!)[])
+        return list(aliasing.nodes_at(node, kind)) if kind else []
     if kind == _WRITES_FIRST:
         return [node.args[0]] if node.args and isinstance(node.args[0], fx.Node) else []
     if kind == _WRITES_ALL:
@@ -1317,9 +1341,11 @@ def replaced_by_value(match: Match, effects: Effects) -> Optional[Refusal]:
     roots = match.roots
     matched = env.nodes
     analysis = effects.aliasing
-    # no node of the graph writes in place (inference graphs): nothing can be written later, and only the
-    # literal check is left (asked first: the aliasing questions cost more than this lookup)
-    writes = bool(effects.writers(roots[0].graph))
+    # no node after the first root writes in place (inference graphs; an exported module, whose one
+    # "writer" is its input guard at the top): nothing can be written later, and only the literal check is
+    # left (asked first: the aliasing questions cost more than this). A write found below is by a user of
+    # a view of a root, so it comes after that root.
+    writes = effects.writes_after(min(roots))
     for index, replacement in enumerate(match.program.replacements):
         root = roots[index]
         value = None
@@ -1359,9 +1385,11 @@ def reads_across_mutation(match: Match, effects: Effects, inputs: list) -> Optio
     """
     matched = match.bindings.nodes
     roots = match.roots
-    if not inputs or not effects.writers(roots[0].graph):  # nothing to read, or no node writes in place
+    if not inputs:  # nothing to read
         return None
     first = min(matched) if matched else min(roots)
+    if not effects.writes_after(first):  # no node writes in place where a write could count (after=first)
+        return None
     analysis = effects.aliasing
     aliases_root = any(isinstance(r, RValue) or _template_may_alias(r, match, effects) or analysis.bases(root)
                        for r, root in zip(match.program.replacements, roots))

@@ -271,6 +271,8 @@ class Workpiece:
         self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
         self.effects = Effects(self.module_of, self.attr_of)
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
+        # guards.output_aliased's (output args, outputs, their storage keys, their values), between matches
+        self.output_storages: Optional[tuple] = None
 
     # -- creating nodes ----------------------------------------------------------
     def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:

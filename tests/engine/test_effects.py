@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import fxrules
+from fxrules.engine import aliasing
 from fxrules.engine.aliasing import Aliasing
 from fxrules.engine.matcher import computes_as
 from fxrules.engine.planner import Effects
@@ -610,6 +611,65 @@ def test_bases_follow_schemas_tables_and_unknown_calls():
     assert {view, piece, aten_view, aten_split, inplace, unknown} <= set(tree) and fresh not in tree
 
 
+def test_schema_positions_give_the_nodes_passed_there():
+    """What an operator's schema says (the arguments its outputs alias, the ones it writes) is read once
+    per target as positions; the nodes are then taken from each call, positionally or by keyword."""
+    aten = torch.ops.aten
+    assert aliasing.schema_alias_positions(aten.relu.default) == ()
+    assert aliasing.schema_write_positions(aten.relu.default) == ()
+    assert aliasing.schema_alias_positions(aten.transpose.int) == ((0, "self"),)
+    assert aliasing.schema_alias_positions(aten.split.Tensor) == ((0, "self"),)  # Tensor(a -> *)[]
+    assert aliasing.schema_write_positions(aten.add_.Tensor) == ((0, "self"),)
+    assert aliasing.schema_write_positions(aten._foreach_add_.Scalar) == ((0, "self"),)
+    assert aliasing.schema_alias_positions(aten._foreach_add_.Scalar) == ()  # returns nothing
+    graph = fx.Graph()
+    x, y, z = graph.placeholder("x"), graph.placeholder("y"), graph.placeholder("z")
+    out_kw = graph.call_function(aten.add.out, (x, y), {"out": z})
+    out_pos = graph.call_function(aten.add.out, (x, y, 1, z))
+    foreach = graph.call_function(aten._foreach_add_.Scalar, ([x, y], 1.0))
+    written = graph.call_function(aten.add_.Tensor, (y, x))
+    transposed = graph.call_function(aten.transpose.int, (written, 0, 1))
+    graph.output((out_kw, out_pos, foreach, transposed))
+    analysis = Aliasing({}.get, None, lambda m: True)
+    assert analysis.bases(out_kw) == (z,) and analysis.bases(out_pos) == (z,)
+    assert analysis.bases(foreach) == () and analysis.bases(written) == (y,) and analysis.bases(transposed) == (written,)
+    effects = Effects({}.get)
+    assert effects.mutated_inputs(out_kw) == [z] and effects.mutated_inputs(out_pos) == [z]
+    assert effects.mutated_inputs(foreach) == [x, y] and effects.mutated_inputs(written) == [y]
+    assert effects.mutated_inputs(transposed) == []
+    assert list(effects.writers(graph)) == [out_kw, out_pos, foreach, written]
+
+
+class _MulOneThenWrite(nn.Module):
+    def __init__(self, write: bool):
+        super().__init__()
+        self.write = write
+
+    def forward(self, x):
+        y = x * 1
+        if self.write:
+            y.add_(1)
+        return y
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_an_exported_module_s_input_guard_hides_no_later_write(write):
+    """``ExportedProgram.module()`` calls its ``_guards_fn`` (a module the engine does not know, so a
+    writer of its inputs) at the top of the graph. The checks for a later write are skipped only
+    where no writer follows the match: an in-place write after it is still seen."""
+    gm = torch.export.export(_MulOneThenWrite(write), (torch.randn(2, 3),)).module()
+    assert any(n.op == "call_module" and n.target == "_guards_fn" for n in gm.graph.nodes)
+    rule = ("rule mul_one: call_function aten.mul.Tensor($x, 1)\n"
+            "    where $x.dtype != torch.bool and $x.is_contiguous()\n    -> $x")
+    result = fxrules.apply_rules(gm, fxrules.parse_rules(rule))
+    if write:
+        assert sum(result.counts.values()) == 0 and codes(result) == [RefusalCode.REPLACED_NODE_MUTATED]
+    else:
+        assert result.counts == {"mul_one": 1} and codes(result) == []
+        x = torch.randn(2, 3)
+        assert torch.equal(result.module(x), x)
+
+
 class MulOneWrittenThroughView(nn.Module):
     def forward(self, x):
         y = x * 1
@@ -826,8 +886,19 @@ def test_writers_follow_created_and_erased_nodes():
         written = work.new_node("call_method", "add_", (add, 1), {})
     work.created(written)
     assert set(effects.writers(gm.graph)) == {act, written}
+    # writes_after: whether some writer follows a node, the last writer remembered as the set changes
+    placeholder = next(iter(gm.graph.nodes))
+    assert effects.writes_after(placeholder) and effects.writes_after(add) and effects.writes_after(written)
+    assert not effects.writes_after(act)  # the writers are add_ (before act) and act: none after act
     work.erase(written)
     assert list(effects.writers(gm.graph)) == [act]
+    assert effects.writes_after(add) and not effects.writes_after(act)
+    with gm.graph.inserting_after(act):
+        later = work.new_node("call_method", "mul_", (act, 2), {})
+    work.created(later)
+    assert effects.writes_after(act) and not effects.writes_after(later)
+    work.erase(later)
+    assert not effects.writes_after(act)
     # the same answer as a fresh walk
     fresh = Workpiece(gm.graph, gm, class_name="Model")
     fresh.new_modules.update(work.new_modules)
