@@ -335,7 +335,15 @@ class Workpiece:
             return self.extra_attrs[target]
         if target in self.new_modules:
             return self.new_modules[target]
-        value: Any = self.root
+        # the module holding it by its path (module_of's table of the input's modules), then one getattr:
+        # not a getattr per part through nn.Module.__getattr__ (an exported module reads every
+        # parameter by a dotted path: a tenth of a copying commit); a path that is not a registered
+        # module's is walked as before
+        path, _, field = target.rpartition(".")
+        value: Any = self.modules.get(path) if path else self.root
+        if value is not None:
+            return getattr(value, field)
+        value = self.root
         for part in target.split("."):
             value = getattr(value, part)
         return value
@@ -607,7 +615,15 @@ def _container(module: nn.Module, path: str, made_at: dict, originals: dict, tar
     recording them in ``made_at``)."""
     parent: nn.Module = module
     walked = ""
-    for item in path.split("."):
+    items = path.split(".")
+    # from the deepest container already made on the way (targets come outermost first): the walk from
+    # the top would reach the same module, one child at a time
+    for depth in range(len(items) - 1, 0, -1):
+        prefix = ".".join(items[:depth])
+        if prefix in made_at:
+            parent, walked, items = made_at[prefix], prefix, items[depth:]
+            break
+    for item in items:
         walked = f"{walked}.{item}" if walked else item
         child = fxaccess.child(parent, item)
         if child is None:
