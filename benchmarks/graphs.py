@@ -1,7 +1,8 @@
 """Large, realistic torch.fx graphs for the benchmarks, sized by approximate node count.
 
-Three families, each a plain ``torch.nn`` model traced with :func:`torch.fx.symbolic_trace`,
-seeded (the global RNG is left alone) and in eval mode:
+Four families, each a plain ``torch.nn`` model traced with :func:`torch.fx.symbolic_trace` (or
+captured with :func:`torch.export.export`: ``exported``), seeded (the global RNG is left alone)
+and in eval mode:
 
 ``mlp``          Pre-norm residual MLP blocks:
                  ``x + relu(fc2(drop(F.gelu(fc1(norm(x))))))``; every second block applies
@@ -20,6 +21,15 @@ seeded (the global RNG is left alone) and in eval mode:
                  to sequence-first and straight back (``t.transpose(1, 2).transpose(1, 2)``,
                  two helper functions meeting). All four node kinds occur: call_function,
                  call_method, call_module, get_attr.
+
+``exported``     The ``transformer`` model captured with :func:`torch.export.export` instead, as
+                 ``ExportedProgram.module()`` gives it back: aten operators (``aten.linear``,
+                 ``aten.transpose.int``, ``aten.dropout.default(x, p, False)``, ...), every node
+                 carrying ``meta['val']`` (fake tensors, so the engine's metadata guards run on
+                 every match), parameters read by ``get_attr`` under dotted paths, and the input
+                 guard call (``_guards_fn``) that ``module()`` puts at the top. The graphs
+                 inductor's pattern matcher is built for. Exporting takes about a second per 1,000
+                 nodes (outside every timing).
 
 ``make(family, nodes)`` picks the depth whose graph is closest to ``nodes`` nodes (the node
 count per block is measured by tracing one and two blocks, so it stays right if a family
@@ -158,7 +168,21 @@ FAMILIES: dict[str, tuple[Callable[[int], nn.Module], tuple[int, ...]]] = {
     "mlp": (lambda depth: _seeded(lambda: DeepMLP(depth)), (2, _MLP_WIDTH)),
     "cnn": (_deep_cnn, (2, 3, 16, 16)),
     "transformer": (lambda depth: _seeded(lambda: DeepTransformer(depth)), (2, _SEQ, _DIM)),
+    "exported": (lambda depth: _seeded(lambda: DeepTransformer(depth)), (2, _SEQ, _DIM)),
 }
+
+
+def _export(model: nn.Module, shape: tuple) -> fx.GraphModule:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        return torch.export.export(model, (torch.randn(shape),)).module()
+
+
+def capture(family: str, model: nn.Module) -> fx.GraphModule:
+    """The graph a family's model is benchmarked on: ``symbolic_trace``, or ``torch.export`` for ``exported``."""
+    if family == "exported":
+        return _export(model, FAMILIES[family][1])
+    return fx.symbolic_trace(model)
 
 
 @dataclass
@@ -166,7 +190,7 @@ class Graph:
     family: str
     depth: int
     model: nn.Module  # eval mode
-    gm: fx.GraphModule  # symbolic_trace(model)
+    gm: fx.GraphModule  # capture(family, model): symbolic_trace, or torch.export's module()
     example: tuple  # one random input
 
     @property
@@ -178,7 +202,7 @@ _PER_BLOCK: dict[str, tuple[int, float]] = {}
 
 
 def _node_count(family: str, depth: int) -> int:
-    return len(fx.symbolic_trace(FAMILIES[family][0](depth)).graph.nodes)
+    return len(capture(family, FAMILIES[family][0](depth)).graph.nodes)
 
 
 def depth_for(family: str, nodes: int) -> int:
@@ -194,7 +218,7 @@ def depth_for(family: str, nodes: int) -> int:
 def build(family: str, depth: int, *, seed: int = SEED) -> Graph:
     factory, shape = FAMILIES[family]
     model = factory(depth)
-    gm = fx.symbolic_trace(model)
+    gm = capture(family, model)
     generator = torch.Generator().manual_seed(seed)
     return Graph(family, depth, model, gm, (torch.randn(shape, generator=generator),))
 

@@ -310,6 +310,40 @@ def _dropout_inductor() -> Runner:
     return _inductor_runner(pattern_pass)
 
 
+ATEN_RULES = """
+rule aten_dropout_eval "aten dropout with train=False is the identity" [exact]:
+    call_function aten.dropout.default($x, _, False) -> $x
+
+rule aten_double_transpose "transposing the same two dims twice is the identity" [exact]:
+    call_function aten.transpose.int(call_function aten.transpose.int($x, $a, $b), $a, $b) -> $x
+"""
+
+
+def _aten_rp() -> Runner:
+    aten = torch.ops.aten
+    # the dropout's probability is a literal to replace_pattern: the model's (0.1) is written in
+    dropout = (_trace(lambda x: aten.dropout.default(x, 0.1, False)), _trace(lambda x: x))
+    transpose = (_trace(lambda x, a, b: aten.transpose.int(aten.transpose.int(x, a, b), a, b)),
+                 _trace(lambda x, a, b: x))
+
+    def run(gm):
+        return sum(len(fx.replace_pattern(gm, pattern, replacement)) for pattern, replacement in (dropout, transpose))
+
+    return run
+
+
+def _aten_inductor() -> Runner:
+    pm = _inductor()
+    aten = torch.ops.aten
+    pattern_pass = pm.PatternMatcherPass()
+    pm.register_graph_pattern(pm.CallFunction(aten.dropout.default, pm.KeywordArg("x"), pm.Ignored(), False),
+                              pass_dict=pattern_pass)(_replace_root_by_input)
+    inner = pm.CallFunction(aten.transpose.int, pm.KeywordArg("x"), pm.KeywordArg("a"), pm.KeywordArg("b"))
+    pm.register_graph_pattern(pm.CallFunction(aten.transpose.int, inner, pm.KeywordArg("a"), pm.KeywordArg("b")),
+                              pass_dict=pattern_pass)(_replace_root_by_input)
+    return _inductor_runner(pattern_pass)
+
+
 CONV_BN_RULE = """
 rule fold_conv2d_bn "conv2d + batchnorm2d (eval) -> one conv2d" [approx]:
     call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
@@ -567,6 +601,9 @@ _add(Workload("linear_gelu_dropout", "mlp",
               CHAIN3_RULE, True, _chain3_rp, _chain3_inductor))
 _add(Workload("dropout", "transformer", "module type: remove eval-mode Dropout (3 per block)",
               DROPOUT_RULE, True, _dropout_rp, _dropout_inductor))
+_add(Workload("aten_cleanup", "exported",
+              "torch.export graph: `aten.dropout(x, p, False)` -> `x` (3 per block), aten transpose pair -> `x` (1)",
+              ATEN_RULES, True, _aten_rp, _aten_inductor, rule_count=2))
 _add(Workload("conv_bn", "cnn", "conv+bn folding with fxrules.builders.fold_conv_bn (2 per block)",
               CONV_BN_RULE, False, _conv_bn_rp, _conv_bn_inductor, builds=_conv_bn_builds))
 for _n in (10, 50, 500):

@@ -111,7 +111,7 @@ def copy_graph_fast(graph: fx.Graph) -> fx.Graph:
 
     The same nodes in the same order, with the same names, ops, targets, types, arguments
     (mapped to the new nodes) and shallow copies of ``meta``; a deep copy of the code
-    generator. The copy's name table is the original's (every name it ever handed out, and
+    generator (:func:`copy_codegen`). The copy's name table is the original's (every name it ever handed out, and
     its per-base counters), so a node created in the copy gets the name it would get in the
     original: the rewrite names new nodes as an in-place edit would. ``Graph.node_copy``
     instead re-derives each name through ``_Namespace.create_name`` (a regular expression
@@ -159,8 +159,22 @@ def copy_graph_fast(graph: fx.Graph) -> fx.Graph:
     new._len += len(env)
     namespace._used_names.update(source._used_names)
     namespace._base_count.update(source._base_count)
-    new._codegen = copy.deepcopy(graph._codegen)
+    new._codegen = copy_codegen(graph._codegen)
     return new
+
+
+def copy_codegen(codegen: Any) -> Any:
+    """A deep copy of a graph's code generator that shares its pytree specs (``_PyTreeCodeGen``'s
+    ``in_spec`` and ``out_spec``, which torch.export's graphs carry). A TreeSpec is immutable, and
+    deep-copying one on torch 2.13 raises a ``FutureWarning`` from inside torch (its leaf specs are
+    rebuilt through a deprecated class): under ``-W error`` or pytest's ``filterwarnings = error``
+    every rewrite of an exported module failed there."""
+    memo: dict = {}
+    info = getattr(codegen, "pytree_info", None)
+    for spec in (getattr(info, "in_spec", None), getattr(info, "out_spec", None)):
+        if spec is not None:
+            memo[id(spec)] = spec
+    return copy.deepcopy(codegen, memo)
 
 
 _TABLE = torch.fx.graph._FindNodesLookupTable if FAST else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import operator
+import warnings
 
 import pytest
 import torch
@@ -514,6 +515,32 @@ def test_an_exported_program_on_public_paths(monkeypatch):
     assert fast == public
     assert torch.equal(fast_out, public_out)
     assert fast[1]["applied"]
+
+
+class _DictOut(nn.Module):
+    def forward(self, x, y):
+        return {"a": torch.relu(torch.relu(x)), "b": (y * 2,)}
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_an_exported_module_rewrites_without_a_warning(inplace):
+    """The copy of an exported module's graph copies its code generator but shares its pytree specs:
+    deep-copying a TreeSpec warns on torch 2.13 (FutureWarning from inside torch), which failed every
+    copying rewrite of an exported module under ``-W error``."""
+    inputs = (torch.randn(2, 3), torch.randn(3))
+    gm = torch.export.export(_DictOut(), inputs).module()
+    rules = fxrules.parse_rules("rule r: call_function aten.relu.default(call_function aten.relu.default($x))\n"
+                                "    -> call_function aten.relu.default($x)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = fxrules.apply_rules(gm, rules, inplace=inplace)
+    assert result.counts == {"r": 1}
+    out = result.module(*inputs)
+    assert torch.equal(out["a"], torch.relu(inputs[0])) and torch.equal(out["b"][0], inputs[1] * 2)
+    codegen, original = result.module.graph._codegen, gm.graph._codegen
+    assert (codegen is original) == inplace
+    assert codegen.pytree_info.in_spec is original.pytree_info.in_spec
+    assert codegen.pytree_info.out_spec is original.pytree_info.out_spec
 
 
 def test_saving_on_public_paths(monkeypatch, tmp_path):
