@@ -1,6 +1,6 @@
 """Large, realistic torch.fx graphs for the benchmarks, sized by approximate node count.
 
-Four families, each a plain ``torch.nn`` model traced with :func:`torch.fx.symbolic_trace` (or
+Five families, each a plain ``torch.nn`` model traced with :func:`torch.fx.symbolic_trace` (or
 captured with :func:`torch.export.export`: ``exported``), seeded (the global RNG is left alone)
 and in eval mode:
 
@@ -30,6 +30,10 @@ and in eval mode:
                  guard call (``_guards_fn``) that ``module()`` puts at the top. The graphs
                  inductor's pattern matcher is built for. Exporting takes about a second per 1,000
                  nodes (outside every timing).
+
+``sequential``   ``nn.Sequential`` of (Linear, ReLU, ReLU, Dropout) blocks: every node but the
+                 input and the output is a module call (a graph made of modules, as
+                 ``nn.Sequential`` models and many converted ones are).
 
 ``make(family, nodes)`` picks the depth whose graph is closest to ``nodes`` nodes (the node
 count per block is measured by tracing one and two blocks, so it stays right if a family
@@ -161,6 +165,14 @@ def _deep_cnn(depth: int) -> nn.Module:
     return model.eval()
 
 
+# --------------------------------------------------------------------- sequential
+
+
+def _sequential(depth: int, width: int = _MLP_WIDTH) -> nn.Module:
+    return nn.Sequential(*(module for _ in range(depth)
+                           for module in (nn.Linear(width, width), nn.ReLU(), nn.ReLU(), nn.Dropout(0.1))))
+
+
 # ------------------------------------------------------------------------ registry
 
 #: family -> (model factory taking a depth, input shape)
@@ -169,6 +181,7 @@ FAMILIES: dict[str, tuple[Callable[[int], nn.Module], tuple[int, ...]]] = {
     "cnn": (_deep_cnn, (2, 3, 16, 16)),
     "transformer": (lambda depth: _seeded(lambda: DeepTransformer(depth)), (2, _SEQ, _DIM)),
     "exported": (lambda depth: _seeded(lambda: DeepTransformer(depth)), (2, _SEQ, _DIM)),
+    "sequential": (lambda depth: _seeded(lambda: _sequential(depth)), (2, _MLP_WIDTH)),
 }
 
 

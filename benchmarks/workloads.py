@@ -344,6 +344,44 @@ def _aten_inductor() -> Runner:
     return _inductor_runner(pattern_pass)
 
 
+MODULE_PAIRS_RULES = """
+rule relu_module_pair "ReLU(ReLU(x)) is ReLU(x)" [exact]:
+    call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)
+
+rule remove_dropout "Dropout in eval mode is the identity" [exact]:
+    call_module Dropout($x) as d where not d.training -> $x
+"""
+
+
+def _module_pairs_rp() -> Runner:
+    def run(gm):
+        # one call per pair of ReLU names (nn.Sequential names its children 0, 1, 2, ...) and per Dropout
+        count = 0
+        modules = dict(gm.named_modules())
+        for name, module in modules.items():
+            following = str(int(name) + 1) if name.isdigit() else None
+            if type(module) is nn.ReLU and following is not None and type(modules.get(following)) is nn.ReLU:
+                count += len(fx.replace_pattern(gm, _module_pattern([name, following], gm), _module_graph([name])))
+        return count + _dropout_steps(gm)
+
+    return run
+
+
+def _module_pairs_inductor() -> Runner:
+    pm = _inductor()
+    pattern_pass = pm.PatternMatcherPass()
+
+    def keep_inner(match, x) -> None:
+        outer = match.output_node()
+        outer.replace_all_uses_with(outer.args[0])
+        match.graph.erase_node(outer)
+
+    pm.register_graph_pattern(pm.CallModule(nn.ReLU, pm.CallModule(nn.ReLU, pm.KeywordArg("x"))),
+                              pass_dict=pattern_pass)(keep_inner)
+    _register_dropout(pm, pattern_pass)
+    return _inductor_runner(pattern_pass)
+
+
 CONV_BN_RULE = """
 rule fold_conv2d_bn "conv2d + batchnorm2d (eval) -> one conv2d" [approx]:
     call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
@@ -604,6 +642,9 @@ _add(Workload("dropout", "transformer", "module type: remove eval-mode Dropout (
 _add(Workload("aten_cleanup", "exported",
               "torch.export graph: `aten.dropout(x, p, False)` -> `x` (3 per block), aten transpose pair -> `x` (1)",
               ATEN_RULES, True, _aten_rp, _aten_inductor, rule_count=2))
+_add(Workload("module_pairs", "sequential",
+              "modules only: `ReLU(ReLU(x))` -> `ReLU(x)` (1 per block), eval-mode Dropout -> `x` (1 per block)",
+              MODULE_PAIRS_RULES, True, _module_pairs_rp, _module_pairs_inductor, rule_count=2))
 _add(Workload("conv_bn", "cnn", "conv+bn folding with fxrules.builders.fold_conv_bn (2 per block)",
               CONV_BN_RULE, False, _conv_bn_rp, _conv_bn_inductor, builds=_conv_bn_builds))
 for _n in (10, 50, 500):

@@ -1,6 +1,6 @@
 """The benchmark harness in its smoke mode: every tool gives the model's outputs and the same rewrite
 and node counts on small graphs (what `python -m benchmarks.run --smoke` checks), here for the
-workloads whose rewrites keep matched nodes or fold modules, and the torch.export graph. Timings are not asserted."""
+workloads whose rewrites keep matched nodes or fold modules, the torch.export graph, and the graph of modules only. Timings are not asserted."""
 
 from __future__ import annotations
 
@@ -11,21 +11,22 @@ run = pytest.importorskip("benchmarks.run")
 
 @pytest.mark.slow
 def test_smoke_run_checks_every_tool_agrees(capsys):
-    status = run.main(["--smoke", "--workloads", "relu_relu,linear_gelu_dropout,double_transpose,conv_bn,aten_cleanup",
+    status = run.main(["--smoke", "--workloads", "relu_relu,linear_gelu_dropout,double_transpose,conv_bn,aten_cleanup,module_pairs",
                        "--tools", "fxrules,inplace,inductor,floor", "--parse", "", "--no-memory", "--no-warmup",
                        "--no-breakdown"])
     out = capsys.readouterr().out
     assert status == 0, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "| ok |" in line]
-    assert len(rows) == 5, out
+    assert len(rows) == 6, out
     for row in rows:  # both modes of fxrules made the same rewrites as inductor
         cells = [c.strip() for c in row.split("|")]
         fx, ip, rp, ind = cells[-3].split("/")
         assert fx == ip == ind and rp == "-", row
     goals = out[out.index("Issue 17's goals"):]
     goal_rows = [line for line in goals.splitlines() if line.startswith("| ") and line[2:].split(" |")[0] in
-                 ("relu_relu", "linear_gelu_dropout", "double_transpose", "conv_bn", "aten_cleanup")]
-    assert len(goal_rows) == 5, goals
+                 ("relu_relu", "linear_gelu_dropout", "double_transpose", "conv_bn", "aten_cleanup",
+                  "module_pairs")]
+    assert len(goal_rows) == 6, goals
     assert all(("ok" in row or "MISS" in row) for row in goal_rows), goals
 
 
