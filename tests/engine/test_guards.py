@@ -12,6 +12,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 from torch.testing import assert_close
 
@@ -627,3 +629,29 @@ def test_the_bundled_folds_decline_non_finite_or_overflowing_folded_values(gamma
     assert fxrules.apply_rules(nn.Sequential(nn.Conv2d(3, 2, 1), nn.BatchNorm2d(2)).eval(),
                                library.select(names=["fold_conv2d_bn"]), example_inputs=inputs).counts == \
         {"fold_conv2d_bn": 1}
+
+
+# -- layouts compared without building keys ------------------------------------------
+
+
+@given(st.data())
+def test_same_layout_answers_as_the_layout_keys_do(data):
+    """guards._same_layout (integers compared as integers) answers what comparing the string layout keys
+    answers, for tensors of any rank, with dims of length 1 (whose strides do not count) and strides
+    that differ only there; the keys stay the answer for symbolic sizes."""
+    from fxrules.engine import guards
+
+    def tensor(shape):
+        strides = [data.draw(st.integers(0, 40)) for _ in shape]
+        return torch.empty_strided(shape, strides, device="meta")
+
+    shape = data.draw(st.lists(st.integers(1, 3), min_size=0, max_size=4))
+    a = tensor(shape)
+    other = data.draw(st.sampled_from(["same strides", "other strides", "other shape"]))
+    if other == "same strides":
+        b = torch.empty_strided(shape, a.stride(), device="meta")
+    elif other == "other strides":
+        b = tensor(shape)
+    else:
+        b = tensor(data.draw(st.lists(st.integers(1, 3), min_size=0, max_size=4)))
+    assert guards._same_layout(a, b) == (guards._layout_key(a) == guards._layout_key(b))
