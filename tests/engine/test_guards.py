@@ -655,3 +655,28 @@ def test_same_layout_answers_as_the_layout_keys_do(data):
     else:
         b = tensor(data.draw(st.lists(st.integers(1, 3), min_size=0, max_size=4)))
     assert guards._same_layout(a, b) == (guards._layout_key(a) == guards._layout_key(b))
+
+
+def test_output_storages_are_kept_until_an_output_changes():
+    """guards._output_storages keeps the outputs' storage keys between matches, and finds them again when
+    a rewire gives the output node other arguments (or a value another meta['val'])."""
+    from fxrules.engine import guards
+    from fxrules.engine.transaction import Workpiece
+
+    class TwoOutputs(nn.Module):
+        def forward(self, x):
+            return torch.relu(x), torch.neg(x)
+
+    gm = torch.export.export(TwoOutputs(), (torch.randn(2, 3),)).module()
+    work = Workpiece(gm.graph, gm, class_name="TwoOutputs")
+    outputs, keys = guards._output_storages(work)
+    relu, neg = outputs
+    assert (relu.target, neg.target) == (torch.ops.aten.relu.default, torch.ops.aten.neg.default)
+    assert guards._output_storages(work)[1] is keys  # kept
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    work.replace_uses(neg, x)
+    outputs, again = guards._output_storages(work)
+    assert outputs == [relu, x] and again is not keys
+    assert again[1] == guards._storage(x.meta["val"]) != keys[1]
+    relu.meta["val"] = torch.neg(x.meta["val"])  # another value object (the same fake mode's)
+    assert guards._output_storages(work)[1] is not again
