@@ -119,6 +119,13 @@ def _replace_root_by_input(match, **kwargs) -> None:
     match.erase_nodes()
 
 
+def _replace_root_by_its_first_argument(match, **kwargs) -> None:
+    """Handler: the matched root is replaced by the node it reads first (a matched node, kept), and erased."""
+    root = match.output_node()
+    root.replace_all_uses_with(root.args[0])
+    match.graph.erase_node(root)
+
+
 def _replace_root_by_call(op: str, target, argnames: tuple[str, ...]):
     """Handler factory: the root becomes ``op target(*captures)``."""
 
@@ -267,13 +274,9 @@ def _chain3_inductor() -> Runner:
     pm = _inductor()
     pattern_pass = pm.PatternMatcherPass()
 
-    def handler(match, x) -> None:
-        dropout = match.output_node()
-        dropout.replace_all_uses_with(dropout.args[0])  # the gelu node
-        match.graph.erase_node(dropout)
-
     pattern = pm.CallModule(nn.Dropout, pm.CallFunction(F.gelu, pm.CallModule(nn.Linear, pm.KeywordArg("x"))))
-    pm.register_graph_pattern(pattern, extra_check=_module_not_training, pass_dict=pattern_pass)(handler)
+    pm.register_graph_pattern(pattern, extra_check=_module_not_training,
+                              pass_dict=pattern_pass)(_replace_root_by_its_first_argument)  # the gelu node
     return _inductor_runner(pattern_pass)
 
 
@@ -371,13 +374,8 @@ def _module_pairs_inductor() -> Runner:
     pm = _inductor()
     pattern_pass = pm.PatternMatcherPass()
 
-    def keep_inner(match, x) -> None:
-        outer = match.output_node()
-        outer.replace_all_uses_with(outer.args[0])
-        match.graph.erase_node(outer)
-
     pm.register_graph_pattern(pm.CallModule(nn.ReLU, pm.CallModule(nn.ReLU, pm.KeywordArg("x"))),
-                              pass_dict=pattern_pass)(keep_inner)
+                              pass_dict=pattern_pass)(_replace_root_by_its_first_argument)  # the inner ReLU
     _register_dropout(pm, pattern_pass)
     return _inductor_runner(pattern_pass)
 
