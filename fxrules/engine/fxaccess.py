@@ -111,12 +111,12 @@ def copy_graph_fast(graph: fx.Graph) -> fx.Graph:
 
     The same nodes in the same order, with the same names, ops, targets, types, arguments
     (mapped to the new nodes) and shallow copies of ``meta``; a deep copy of the code
-    generator (:func:`copy_codegen`). The copy's name table is the original's (every name it ever handed out, and
-    its per-base counters), so a node created in the copy gets the name it would get in the
-    original: the rewrite names new nodes as an in-place edit would. ``Graph.node_copy``
-    instead re-derives each name through ``_Namespace.create_name`` (a regular expression
-    per node: half the time of a deepcopy at 20,000 nodes), scans every argument for raw
-    symbolic values and goes through ``Node.__setattr__`` for ``meta``.
+    generator (:func:`copy_codegen`). The copy's name table is the original's (every name it
+    ever handed out, and its per-base counters), so a node created in the copy gets the name it
+    would get in the original: the rewrite names new nodes as an in-place edit would.
+    ``Graph.node_copy`` instead re-derives each name through ``_Namespace.create_name`` (a
+    regular expression per node: half the time of a deepcopy at 20,000 nodes), scans every
+    argument for raw symbolic values and goes through ``Node.__setattr__`` for ``meta``.
     """
     new = fx.Graph(tracer_cls=graph._tracer_cls)
     namespace, source = new._graph_namespace, graph._graph_namespace
