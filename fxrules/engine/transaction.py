@@ -542,7 +542,7 @@ def _delete_unused(root: nn.Module, modules: dict, graph: fx.Graph, journal: Jou
         around.update(level)
         level = {path.rpartition(".")[0] for path in level if "." in path}.difference(around)
     for target in sorted(journal.unused, key=lambda t: -t.count(".")):  # the innermost first
-        if target in used or target in around:
+        if target in used:
             continue
         path, _, field = target.rpartition(".")
         prefix, inside_used = path, False
@@ -551,13 +551,48 @@ def _delete_unused(root: nn.Module, modules: dict, graph: fx.Graph, journal: Jou
                 inside_used = True
                 break
             prefix = prefix.rpartition(".")[0]
+        if inside_used:
+            continue
         parent = modules.get(path) if path else root
-        if inside_used or parent is None:
+        if parent is None:
+            continue
+        if target in around:  # a get_attr still reads inside it: kept as a container of what is read
+            module = modules.get(target)
+            if isinstance(module, nn.Module):
+                journal.store(fxaccess.module_stores(parent)[0])
+                fxaccess.put_child(parent, field, _read_part(module, target, used, around))
             continue
         for items in fxaccess.module_stores(parent)[:3]:
             if field in items:
                 del journal.store(items)[field]
                 break
+
+
+def _read_part(module: nn.Module, path: str, used: set, around: set) -> nn.Module:
+    """A new container for the module at ``path``, which no node calls any more but inside which
+    get_attr nodes still read: the members they read (the same objects), and containers of the same
+    kind for the submodules around what they read, each in its module's training mode. What a
+    copying run's result holds there (``_assemble`` builds it from the targets), so an in-place run
+    leaves the caller's module the same state_dict keys; the module itself, which the model the
+    GraphModule was traced from may share, is not changed."""
+    container = nn.Module()
+    container.training = module.training
+    prefix = path + "."
+    names = dict.fromkeys(t[len(prefix):].split(".")[0] for t in used | around if t.startswith(prefix))
+    for name in names:
+        member, value = prefix + name, getattr(module, name, None)
+        if member not in used:
+            if member in around and isinstance(value, nn.Module):
+                fxaccess.put_child(container, name, _read_part(value, member, used, around))
+        elif isinstance(value, nn.Module):
+            fxaccess.put_child(container, name, value)
+        elif isinstance(value, nn.Parameter):
+            fxaccess.put_parameter(container, name, value)
+        elif isinstance(value, torch.Tensor):
+            fxaccess.put_buffer(container, name, value)
+        elif value is not None:
+            setattr(container, name, value)
+    return container
 
 
 def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[dict] = None) -> fx.GraphModule:

@@ -591,3 +591,51 @@ def test_the_public_paths_rewrite_and_roll_back_alike(monkeypatch):
     with pytest.raises(fxrules.RewriteError):
         fxrules.apply_rules(gm, fault_rules("builder_boom"), inplace=True)
     assert_same_deep(before, deep_snapshot(gm))
+
+
+class _FoldedButRead(nn.Module):
+    """conv + bn that the fold rewrites, and the batch norm's weight read again by a get_attr."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.sub = nn.Module()
+        self.sub.norm = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.sub.norm(self.bn(self.conv(x)))
+        return y + self.bn.weight.view(1, -1, 1, 1) * self.sub.norm.weight.view(1, -1, 1, 1)
+
+
+def test_a_module_a_get_attr_still_reads_inside_keeps_only_what_is_read():
+    """The folds erase both batch norms' calls; get_attr nodes still read `bn.weight` and
+    `sub.norm.weight`. A copying run's module holds only those; in place, the caller's `bn` and
+    `sub.norm` stay, without the parameters and buffers no node reads (the same state_dict keys), and a
+    failed run gives them back."""
+    model = seeded(_FoldedButRead).eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+        model.sub.norm.running_var.uniform_(0.5, 2)
+    rules = fxrules.load_rules(RULES_DIR).select(names=["fold_conv2d_bn"])
+    x = randn(2, 4, 6, 6)
+    copying = fxrules.apply_rules(fx.symbolic_trace(model), rules)
+    assert copying.counts == {"fold_conv2d_bn": 2}  # conv + bn, then that conv + sub.norm
+    gm = fx.symbolic_trace(model)
+    before = deep_snapshot(gm)
+    with pytest.raises(KeyboardInterrupt), Interrupting(fx.GraphModule, "recompile", 1):
+        fxrules.apply_rules(gm, rules, inplace=True)
+    assert_same_deep(before, deep_snapshot(gm))
+    assert "bn.bias" in gm.state_dict()
+    result = fxrules.apply_rules(gm, rules, inplace=True)
+    assert list(gm.state_dict()) == list(copying.module.state_dict())
+    assert "bn.weight" in gm.state_dict() and "bn.bias" not in gm.state_dict()
+    assert "sub.norm.weight" in gm.state_dict() and "sub.norm.running_mean" not in gm.state_dict()
+    assert gm.code == copying.module.code and result.report.applied == copying.report.applied
+    # gm.bn is a container of what is read, as in the copying result; the batch norm object itself (which
+    # the traced-from model shares) keeps every member
+    assert type(gm.bn) is type(copying.module.bn) is nn.Module and gm.bn.weight is model.bn.weight
+    assert type(gm.sub.norm) is nn.Module and model.sub.norm.running_mean is not None
+    with torch.no_grad():
+        assert_close(gm(x), model(x))
+        assert_close(copying.module(x), model(x))
