@@ -625,13 +625,6 @@ def _storage(value: Any) -> Optional[int]:
         return None
 
 
-def _outputs(graph: fx.Graph) -> list:
-    found: list = []
-    for node in graph.find_nodes(op="output"):
-        fx.node.map_arg(node.args, found.append)
-    return found
-
-
 def output_aliased(work: Any, match: Match, values: tuple) -> Optional[Refusal]:
     """A graph output that shares storage with a root (the root itself, or a view of it) would share
     the replacement's storage instead: refused when that storage is a parameter's, a buffer's or
@@ -673,7 +666,9 @@ def _output_storages(work: Any) -> tuple:
             and all(node.meta.get("val") is val for node, val in zip(kept[2], kept[4])):
         return kept[2], kept[3]
     ends = [(node, node.args) for node in graph.find_nodes(op="output")]
-    outputs = _outputs(graph)
+    outputs: list = []
+    for node, args in ends:
+        fx.node.map_arg(args, outputs.append)
     vals = [node.meta.get("val") for node in outputs]
     keys = [_storage(val) for val in vals]
     work.output_storages = (graph, ends, outputs, keys, vals)

@@ -1534,8 +1534,7 @@ def _writes_nothing(call: RCall, effects: Effects) -> bool:
     if call.op == "call_function":
         target = call.target
         if fxaccess.is_op_overload(target):
-            return not any(a.alias_info is not None and a.alias_info.is_write
-                           for a in fxaccess.op_schema(target).arguments)
+            return not aliasing.schema_write_positions(target)
         if call.args is None:
             return False
         try:
@@ -1636,15 +1635,13 @@ def _template_written(call: RCall, match: Match, effects: Effects) -> Any:
     if call.op == "call_function":
         target = call.target
         if fxaccess.is_op_overload(target):
-            for i, argument in enumerate(fxaccess.op_schema(target).arguments):
-                info = argument.alias_info
-                if info is not None and info.is_write:
-                    if args is None:
-                        return first
-                    if i < len(args):
-                        return args[i]
-                    return dict(call.kwargs).get(argument.name)
-            return None
+            written = aliasing.schema_write_positions(target)
+            if not written:
+                return None
+            i, name = written[0]  # the first argument its schema marks written
+            if args is None:
+                return first
+            return args[i] if i < len(args) else dict(call.kwargs).get(name)
         try:  # the kind per target, remembered for the run as for the graph's own nodes
             kind = effects._writes.get(target)
             if kind is None:

@@ -271,7 +271,8 @@ class Workpiece:
         self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
         self.effects = Effects(self.module_of, self.attr_of)
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
-        # guards.output_aliased's (output args, outputs, their storage keys, their values), between matches
+        # guards.output_aliased's (graph, (output node, its args), outputs, their storage keys, their values),
+        # kept between matches
         self.output_storages: Optional[tuple] = None
 
     # -- creating nodes ----------------------------------------------------------
@@ -584,15 +585,23 @@ def _read_part(module: nn.Module, path: str, used: set, around: set) -> nn.Modul
         if member not in used:
             if member in around and isinstance(value, nn.Module):
                 fxaccess.put_child(container, name, _read_part(value, member, used, around))
-        elif isinstance(value, nn.Module):
-            fxaccess.put_child(container, name, value)
-        elif isinstance(value, nn.Parameter):
-            fxaccess.put_parameter(container, name, value)
-        elif isinstance(value, torch.Tensor):
-            fxaccess.put_buffer(container, name, value)
         elif value is not None:
-            setattr(container, name, value)
+            _put_member(container, name, value)
     return container
+
+
+def _put_member(parent: nn.Module, field: str, value: Any) -> None:
+    """Put ``value`` on ``parent`` under a name it does not have yet, as GraphModule's constructor would:
+    a module as a submodule, a parameter as a parameter, a plain tensor as a (persistent) buffer,
+    anything else as an attribute."""
+    if isinstance(value, nn.Module):
+        fxaccess.put_child(parent, field, value)
+    elif isinstance(value, nn.Parameter):
+        fxaccess.put_parameter(parent, field, value)
+    elif isinstance(value, torch.Tensor):
+        fxaccess.put_buffer(parent, field, value)
+    else:
+        setattr(parent, field, value)
 
 
 def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[dict] = None) -> fx.GraphModule:
@@ -634,12 +643,8 @@ def _assemble(root: dict, graph: fx.Graph, class_name: str, originals: Optional[
                 parent.register_buffer(field, value)
             else:
                 setattr(parent, field, value)
-        elif isinstance(value, nn.Module):
-            fxaccess.put_child(parent, field, value)
-        elif plain_tensor:  # a plain tensor attribute becomes a buffer, as GraphModule makes it
-            fxaccess.put_buffer(parent, field, value)
         else:
-            fxaccess.put_parameter(parent, field, value)
+            _put_member(parent, field, value)
     with fxaccess.recompiling(graph):
         module.graph = graph  # the one recompile
     return module
