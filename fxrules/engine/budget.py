@@ -32,7 +32,6 @@ SECURITY.md).
 
 from __future__ import annotations
 
-import copy
 import weakref
 from dataclasses import dataclass
 from enum import StrEnum
@@ -271,8 +270,7 @@ def measure(module: nn.Module, inputs: tuple, budget: Budget) -> Footprint:
         if isinstance(module, fx.GraphModule):
             run = _FakeGraphRun(module, place, mode).run
         else:
-            with fxaccess.fake_copy_mode(mode):
-                run = copy.deepcopy(module)
+            run = fxaccess.fake_module_copy(mode, module)
         with torch.no_grad(), fxaccess.quiet_meta_failures(), mode, _FakeMeter(ledger, place):
             run(*fake_inputs)
     except AllocationRefused as exc:

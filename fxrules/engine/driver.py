@@ -171,8 +171,7 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
         mode = fxaccess.new_fake_mode()
 
         def fake_module(module: nn.Module) -> nn.Module:
-            with fxaccess.fake_copy_mode(mode):
-                return copy.deepcopy(module)
+            return fxaccess.fake_module_copy(mode, module)
 
         def fake_value(value: Any) -> Any:
             return mode.from_tensor(value) if isinstance(value, torch.Tensor) else value
@@ -312,6 +311,10 @@ class _Session:
         def push(node: fx.Node, programs: tuple) -> None:
             keys = None
             for program in programs:
+                index = program.rule.index
+                key = (index, node)
+                if key in queued:  # already waiting: it will be tried as the graph is then
+                    continue
                 # The pre-check (may_match); a rule skipped here is re-examined if the node's inputs
                 # change: a replaced input's users are revisited. Its common form, one call pattern
                 # among the root's arguments, is a set test made here.
@@ -324,11 +327,8 @@ class _Session:
                             continue
                     elif not may_match(program, node, module_of, keys, overridden):
                         continue
-                index = program.rule.index
-                key = (index, node)
-                if key not in queued:
-                    queued.add(key)
-                    heapq.heappush(heap, (index, sort_key(node), next(counter), node, program))
+                queued.add(key)
+                heapq.heappush(heap, (index, sort_key(node), next(counter), node, program))
 
         sort_key = fxaccess.sort_key
         scan = self.compiled.scan

@@ -27,9 +27,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import copyreg
 import logging
 import re
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional
 
@@ -773,6 +775,129 @@ def new_fake_mode() -> Any:
 def fake_copy_mode(mode: Any) -> Any:
     """A context in which ``copy.deepcopy`` gives fake copies (in ``mode``) of the tensors it copies."""
     return _FakeCopyMode(mode)
+
+
+def fake_module_copy(mode: Any, module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose tensors are fake tensors of ``mode``: what ``copy.deepcopy(module)``
+    gives under :func:`fake_copy_mode`, the way the engine runs a module on fake tensors without
+    touching it (value propagation, the guards' dry runs, the verifier's budget).
+
+    That deep copy walks every attribute of every module and clones each parameter through the fake
+    mode's dispatch: about half of propagating example inputs through a large model. A module whose
+    copy is known to be just its state made anew (:func:`_light_fake_copy`: a torch.nn class copied by
+    ``nn.Module``'s own pickling methods, no hooks, only tensors, submodules and immutable values of its
+    own) is copied directly, to the same result; any other goes through the deep copy."""
+    copied = _light_fake_copy(mode, module, {}) if FAST else None
+    if copied is not None:
+        return copied
+    with fake_copy_mode(mode):
+        return copy.deepcopy(module)
+
+
+_MODULE_HOOK_STORES = frozenset({
+    "_backward_pre_hooks", "_backward_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks",
+    "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
+})
+"""The hook dictionaries ``nn.Module.__init__`` sets on every module."""
+
+_IMMUTABLE_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device,
+                              torch.layout, torch.memory_format, types.FunctionType, types.BuiltinFunctionType})
+"""Types whose values a deep copy returns as they are (``copy._deepcopy_atomic``: ``F.relu`` as a
+``TransformerEncoderLayer``'s activation), and a tuple of them (see :func:`_immutable`)."""
+
+_light_classes: dict = {}  # class -> whether its modules may be copied by _light_fake_copy
+
+
+def _light_class(cls: type) -> bool:
+    """A class defined by torch.nn whose deep copy is the one ``nn.Module`` defines: no ``__deepcopy__``,
+    ``__reduce__``, ``__reduce_ex__`` or ``__getstate__`` of its own, nor a copy function registered for
+    it. (Its ``__setstate__`` may be its own: :func:`_light_fake_copy` calls it as the deep copy does.)"""
+    found = _light_classes.get(cls)
+    if found is None:
+        found = (cls.__module__.startswith("torch.nn.modules.") and not hasattr(cls, "__deepcopy__")
+                 and cls.__reduce_ex__ is nn.Module.__reduce_ex__ and cls.__reduce__ is nn.Module.__reduce__
+                 and cls.__getstate__ is nn.Module.__getstate__
+                 and cls not in copy._deepcopy_dispatch and cls not in copyreg.dispatch_table)
+        _light_classes[cls] = found
+    return found
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, tuple) and type(value) is tuple:
+        return all(_immutable(item) for item in value)
+    return type(value) in _IMMUTABLE_ATOMS
+
+
+def _light_fake_copy(mode: Any, module: nn.Module, memo: dict) -> Optional[nn.Module]:
+    """``module`` copied as ``copy.deepcopy`` under ``FakeCopyMode`` copies it, when that copy is known
+    to be: a new object of its class (``nn.Module``'s ``__reduce_ex__``: no constructor runs), given by
+    its ``__setstate__`` the state ``nn.Module.__getstate__`` takes (its ``__dict__``) with new parameter
+    and buffer dictionaries of fake tensors, new hook dictionaries (empty: a module with any hook is not
+    copied here), copies of its submodules, and its other attributes as they are (each an immutable
+    value, which a deep copy returns itself). None when ``module`` or a submodule is not such a module
+    (its class is not :func:`_light_class`, or an attribute is not one of those). ``memo`` maps the
+    tensors and modules copied so far, as a deep copy's memo does (a tensor or module met twice is
+    copied once).
+
+    One difference, on purpose: a parameter's fake is the mode's own fake of that parameter
+    (``mode.from_tensor``: an ``nn.Parameter`` to ``isinstance``, with its ``requires_grad``, the same
+    object each time the mode meets that parameter, as a get_attr node's value is), where the deep copy
+    clones it into a fake storage of its own. The clone is a dispatch through the fake mode, a third of
+    each parameter's cost, and the storages of fake tensors are only metadata: no torch.nn module's
+    ``forward`` writes its parameters. Buffers are the mode's own fakes on both paths."""
+    if id(module) in memo:
+        return memo[id(module)]
+    cls = type(module)
+    if type(getattr(module, "__dict__", None)) is not dict or not _light_class(cls):
+        return None
+    state: dict = {}
+    for key, value in module.__getstate__().items():  # (what the deep copy copies: nn.Module's)
+        if key == "_parameters" or key == "_buffers":
+            if type(value) is not dict:
+                return None
+            items = {}
+            for name, tensor in value.items():
+                if tensor is None:
+                    items[name] = None
+                    continue
+                made = memo.get(id(tensor))
+                if made is None:
+                    if (type(tensor) is not nn.Parameter) if key == "_parameters" else (type(tensor) is not torch.Tensor):
+                        return None
+                    made = mode.from_tensor(tensor, static_shapes=True)
+                    memo[id(tensor)] = made
+                items[name] = made
+            state[key] = items
+        elif key == "_modules":
+            if type(value) is not dict:
+                return None
+            children = {}
+            for name, child in value.items():
+                if child is None:
+                    children[name] = None
+                    continue
+                made = _light_fake_copy(mode, child, memo)
+                if made is None:
+                    return None
+                children[name] = made
+            state[key] = children
+        elif key in _MODULE_HOOK_STORES:
+            if value or type(value) not in (dict, collections.OrderedDict):
+                return None
+            state[key] = type(value)()
+        elif key == "_non_persistent_buffers_set":
+            if type(value) is not set or not all(type(name) is str for name in value):
+                return None
+            state[key] = set(value)
+        elif _immutable(value):
+            state[key] = value
+        else:
+            return None
+    copied = cls.__new__(cls)
+    copied.__setstate__(state)
+    memo[id(module)] = copied
+    return copied
 
 
 def compile_backend_named(name: str) -> Callable:

@@ -172,8 +172,7 @@ class DryRun(ReplacementValues):
         if mode is None:
             raise RuntimeError("the graph's values are not fake tensors")
         if module is not None:
-            with fxaccess.fake_copy_mode(mode):
-                module = copy.deepcopy(module)
+            module = fxaccess.fake_module_copy(mode, module)
         with mode:
             args, kwargs = fxaccess.to_fake(mode, args), fxaccess.to_fake(mode, kwargs)
             return _function(item, module, args)(*_rest(item, args), **kwargs)

@@ -50,7 +50,7 @@ from fxrules.engine.aliasing import Aliasing
 from fxrules.engine.matcher import Match, class_defined_names, computes_as, overridden_on_instance
 from fxrules.engine.program import (READ_CAPTURE, READ_NAME, READ_REST, READ_ROOT_ARGUMENTS, RBuilder, RCall,
                                     RComputed, RLiteral, RNewModule, RRef, RReuse, RSeq, RShared, RSplat, RValue,
-                                    replacement_items, shared_template)
+                                    shared_template)
 from fxrules.engine.refusals import Refusal, RefusalCode
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -376,7 +376,7 @@ class Effects:
     def _program_calls(self, program: Any) -> tuple:
         entry = self._programs.get(id(program))
         if entry is None or entry[0] is not program:
-            calls = _calls_of(program.replacements)
+            calls = program.calls
             entry = self._programs[id(program)] = (program, (
                 calls, tuple(c for c in calls if not _writes_nothing(c, self)),
                 tuple(c for c in calls if not _draws_nothing(c))))
@@ -865,12 +865,6 @@ def _function_name(target: Any) -> str:
     return f"{module}.{name}" if isinstance(module, str) and module not in ("builtins", "__main__") else str(name)
 
 
-def _calls_of(replacements: tuple) -> tuple:
-    """Every RCall in ``replacements`` (nested ones included, and those a shared node ``CALL as name``
-    builds), outermost first."""
-    return tuple(item for item in replacement_items(replacements) if isinstance(item, RCall))
-
-
 @dataclass(frozen=True)
 class Plan:
     """Where to insert a match's replacement, and what to do with the users that only inspect its
@@ -902,10 +896,11 @@ def plan(match: Match, effects: Effects) -> "Plan | Refusal":
     if refusal is not None:
         return refusal
     inputs = _replacement_inputs(match)
+    calls = match.program.calls  # (the two checks of replacement calls answer None without any)
     refusal = changes_random_draws(match, effects, inputs)
     if refusal is None:
         refusal = uses_replaced_node(match, inputs)
-    if refusal is None:
+    if refusal is None and calls:
         refusal = replacement_writes_input(match, effects)
     if refusal is None:
         refusal = replaced_by_value(match, effects)
@@ -913,7 +908,7 @@ def plan(match: Match, effects: Effects) -> "Plan | Refusal":
         refusal = reads_across_mutation(match, effects, inputs)
     if refusal is None:
         refusal = output_alias_introduced(match, effects)
-    if refusal is None:
+    if refusal is None and calls:
         refusal = reads_written_value(match, effects)
     if refusal is not None:
         return refusal
@@ -1759,8 +1754,13 @@ def _left_unused(match: Match, effects: Effects, inputs: list, kept: Any = ()) -
 def placement(match: Match, inputs: list) -> "Plan | Refusal":
     """Where the replacement goes: after every input, before every user of a root; a cycle when
     an input comes after such a user."""
-    matched = match.bindings.nodes
     roots = match.roots
+    if len(roots) == 1 and not match.program.calls:
+        # nothing is inserted, and every input comes before the one root: a capture or named node is
+        # the root's argument or a matched node below it, or an argument of one (uses_replaced_node
+        # refused the root itself); so no input is late and the anchor is the root
+        return Plan(roots[0])
+    matched = match.bindings.nodes
     anchor = min(roots)
     late_inputs = [n for n in inputs if not (n < anchor)]
     if late_inputs:

@@ -227,8 +227,13 @@ class Program:
     flags: tuple = ()  # per condition: its conditions.ModuleFlag form (`not bn.training`), or None
     reused_modules: tuple = ()  # `as` names of matched call_module nodes whose module a replacement call calls again
     new_calls_only: bool = False  # see _new_calls_only
+    source: str = ""  # the rule's ``file:line`` (CheckedRule.source, formatted once: every report entry names it)
+    calls: tuple = ()  # every RCall of the replacements (nested ones and shared nodes' included), outermost first
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "source", self.rule.source)
+        object.__setattr__(self, "calls", tuple(item for item in replacement_items(self.replacements)
+                                                if isinstance(item, RCall)))
         object.__setattr__(self, "computed", _computed(self.replacements))
         object.__setattr__(self, "method_objects", _method_objects(self.replacements))
         object.__setattr__(self, "flags", tuple(module_flag(c) for c in self.conditions))

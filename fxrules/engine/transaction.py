@@ -724,9 +724,12 @@ class _ReplacementWriter(planner.ReplacementValues):
     def compute_values(self) -> None:
         """Evaluate the replacement's computed values (``{...}``), before modules are made and the graph
         is touched, with the evaluator of ``where`` clauses (its allow-list and budget)."""
+        program = self.match.program
+        if not program.method_objects and not program.computed:  # the common replacement: nothing to do
+            return
         from fxrules.engine.conditions import Evaluator
 
-        for item, name in self.match.program.method_objects:
+        for item, name in program.method_objects:
             if name is None:  # forwarded arguments
                 args = self.match.roots[item.root_index].args
                 value, name = (args[0] if args else None), "the first argument of the matched node"
@@ -737,7 +740,7 @@ class _ReplacementWriter(planner.ReplacementValues):
                 raise TypeError(f"the replacement calls the method `{item.target}` on {name}, which this match "
                                 f"binds to {value!r}, not a graph value (the rule is wrong: write `call_function "
                                 f"torch.{item.target}(...)`, or a condition that it is a tensor)")
-        for item in self.match.program.computed:
+        for item in program.computed:
             evaluator = Evaluator(self.env.captures, self.env.names, self.work.module_of, self.work.attr_of,
                                   item.aliases, item.resolver)
             self.computed[id(item)] = graph_constant(evaluator.value(item.cond), item.span)
@@ -982,9 +985,12 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     if isinstance(decided, Refusal):
         return decided
     writer, changes = decided
-    graph = work.graph
-    with graph.inserting_before(plan.anchor):
-        new_values = [writer.value(r) for r in match.program.replacements]
+    program = match.program
+    if program.calls:  # a replacement that may make nodes: they go before the plan's anchor
+        with work.graph.inserting_before(plan.anchor):
+            new_values = [writer.value(r) for r in program.replacements]
+    else:  # bound values and literals only: nothing is made
+        new_values = [writer.value(r) for r in program.replacements]
     touched: set = set(writer.created)
     touched.update(writer.kept)
     if plan.inspections is not NO_INSPECTIONS:  # users that only inspect (planner)
@@ -1004,9 +1010,8 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     for name in writer.reused_names:
         _check_name_taken(work, name, writer.created)
     work.changed.update(touched)  # (erased ones too: the driver's revisit leaves those out)
-    rule = match.rule
     replaced_by = tuple([v.name if isinstance(v, fx.Node) else repr(v) for v in new_values])
-    return Applied(rule.name, rule.source, matched_names, tuple([n.name for n in writer.created]), replaced_by,
+    return Applied(program.rule.name, program.source, matched_names, tuple([n.name for n in writer.created]), replaced_by,
                    changes), touched
 
 

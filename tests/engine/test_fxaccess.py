@@ -645,3 +645,196 @@ def test_plain_instance_fast_and_public_agree(change):
     expected = change in ("none", "other_attribute", "other_buffer")
     assert fxaccess.plain_instance_fast(module, watched, flags) is expected
     assert fxaccess.plain_instance_public(module, watched, flags) is expected
+
+
+# -- fake copies of modules (fake_module_copy) -------------------------------------------------
+
+
+def _tied() -> nn.Module:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    model[2].weight = model[0].weight  # one parameter under two modules
+    return model
+
+
+def _with(module: nn.Module, name: str, value) -> nn.Module:
+    setattr(module, name, value)
+    return module
+
+
+def _training_norm() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.GELU("tanh")).train()
+
+
+LIGHT = {  # modules whose fake copy is made directly; the input their forward takes
+    "linear": (lambda: nn.Linear(3, 2), (5, 3)),
+    "linear_frozen_half": (lambda: nn.Linear(3, 2).half().requires_grad_(False), (5, 3)),
+    "conv_bn_eval": (lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval(), (2, 3, 6, 6)),
+    "conv_bn_train": (_training_norm, (2, 3, 6, 6)),
+    "layer_norm": (lambda: nn.LayerNorm((4, 5)), (2, 4, 5)),
+    "embedding": (lambda: nn.Embedding(10, 3), None),
+    "dropout": (lambda: nn.Dropout(0.3).eval(), (2, 3)),
+    "tied": (_tied, (2, 4)),
+    "pool_flatten": (lambda: nn.Sequential(nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten()), (2, 3, 4, 4)),
+    "own_setstate_softmax": (lambda: nn.Softmax(-1), (2, 3)),
+    # nn.Module.__getstate__ leaves out what Module.compile() set: so do both copies
+    "compiled_call_left_out": (lambda: _with(nn.Linear(2, 2), "_compiled_call_impl", len), (3, 2)),
+    "encoder_layer": (lambda: nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, batch_first=True).eval(), (2, 3, 4)),
+}
+
+
+def _deep_fake(mode, module):
+    with fxaccess.fake_copy_mode(mode):
+        return copy.deepcopy(module)
+
+
+def _described(value) -> object:
+    """What a fake copy must agree on: tensors by metadata, modules by class, training mode, state."""
+    if isinstance(value, nn.parameter.UninitializedTensorMixin):
+        return ("uninitialized", type(value), value.requires_grad)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", isinstance(value, nn.Parameter), fxaccess.is_fake_tensor(value), tuple(value.shape),
+                value.dtype, value.stride(), value.device, value.requires_grad)
+    if isinstance(value, nn.Module):
+        own = {k: v for k, v in vars(value).items() if k not in ("_parameters", "_buffers", "_modules")}
+        return (type(value), value.training, {k: _described(v) for k, v in own.items()},
+                {k: _described(v) for k, v in value._parameters.items()},
+                {k: _described(v) for k, v in value._buffers.items()},
+                {k: _described(v) for k, v in value._modules.items()})
+    if isinstance(value, dict):
+        return (type(value), {k: _described(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return (type(value), [_described(v) for v in value])
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
+        return value
+    return type(value)  # (a weak reference, a function: by kind)
+
+
+def _values(tensor: torch.Tensor):
+    return None if isinstance(tensor, nn.parameter.UninitializedTensorMixin) else tensor.detach().clone()
+
+
+def _same_values(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
+def _snapshot(module: nn.Module) -> list:
+    """Everything of ``module`` a copy must leave as it was: each attribute's object, each tensor's values."""
+    found = []
+    for name, inner in module.named_modules(remove_duplicate=False):
+        found.append((name, type(inner), inner.training, {k: id(v) for k, v in vars(inner).items()},
+                      {k: (id(v), _values(v), v.requires_grad) for k, v in inner._parameters.items()
+                       if v is not None},
+                      {k: (id(v), _values(v)) for k, v in inner._buffers.items() if v is not None},
+                      {k: dict(v) for k, v in vars(inner).items() if k.endswith("hooks")}))
+    return found
+
+
+def _same_snapshot(a: list, b: list) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x[:4] != y[:4] or x[6] != y[6] or x[4].keys() != y[4].keys() or x[5].keys() != y[5].keys():
+            return False
+        for k in x[4]:
+            if x[4][k][0] != y[4][k][0] or not _same_values(x[4][k][1], y[4][k][1]) or x[4][k][2] != y[4][k][2]:
+                return False
+        for k in x[5]:
+            if x[5][k][0] != y[5][k][0] or not _same_values(x[5][k][1], y[5][k][1]):
+                return False
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(LIGHT))
+def test_a_direct_fake_copy_is_the_deep_copy(name):
+    build, shape = LIGHT[name]
+    module = seeded(build)
+    before = _snapshot(module)
+    mode = fxaccess.new_fake_mode()
+    light = fxaccess._light_fake_copy(mode, module, {})
+    assert light is not None, "the copy went through the deep copy"
+    deep = _deep_fake(mode, module)
+    assert _described(light) == _described(deep)
+    assert fxaccess.fake_module_copy(mode, module) is not module
+    if name == "tied":  # one parameter, one copy (as the deep copy's memo gives)
+        assert light[0].weight is light[2].weight and light[0].weight is not module[0].weight
+    # the copies compute the same metadata, and running one (a train-mode norm updates its running
+    # statistics) leaves the module as it was
+    x = torch.randint(0, 10, (2, 3)) if shape is None else torch.randn(*shape)
+    if module.training or name == "linear_frozen_half":
+        x = x.half() if name == "linear_frozen_half" else x
+    outs = []
+    for copied in (light, deep):
+        with mode:
+            out = fxaccess.hooks_call(copied)(mode.from_tensor(x))
+        outs.append(_described(out))
+    assert outs[0] == outs[1]
+    assert _same_snapshot(before, _snapshot(module))
+
+
+class _OwnLinear(nn.Linear):
+    pass
+
+
+def _hooked() -> nn.Module:
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    model[1].register_forward_hook(lambda m, args, out: out)
+    return model
+
+
+def _listed() -> nn.Module:
+    module = nn.Linear(3, 3)
+    module.notes = ["mutable"]  # a deep copy copies the list: not a copy made directly
+    return module
+
+
+DEEP = {  # modules whose fake copy goes through the deep copy
+    "hooked_child": _hooked,
+    "own_class": lambda: _OwnLinear(3, 3),
+    "flat_weights_list": lambda: nn.LSTM(3, 4),
+    "list_attribute": _listed,
+    "lazy_parameter": lambda: nn.LazyLinear(3),
+    "size_attribute": lambda: _with(nn.Linear(2, 2), "shape", torch.Size([2])),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP))
+def test_a_module_not_known_to_copy_directly_is_deep_copied(name):
+    module = seeded(DEEP[name])
+    before = _snapshot(module)
+    mode = fxaccess.new_fake_mode()
+    assert fxaccess._light_fake_copy(mode, module, {}) is None
+    copied = fxaccess.fake_module_copy(mode, module)
+    assert _described(copied) == _described(_deep_fake(mode, module))
+    assert _same_snapshot(before, _snapshot(module))
+
+
+def test_example_inputs_give_the_same_values_with_direct_fake_copies(monkeypatch):
+    """Propagation with the direct copies (the fast path) and the deep copies (the public path): the
+    same meta['val'] on every node of a model with norms in training mode, tied and frozen weights."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = _training_norm()
+            self.head = _tied()
+            self.head[0].bias.requires_grad_(False)
+            self.tail = nn.LSTM(4, 4, batch_first=True)  # deep-copied on both paths
+
+        def forward(self, x):
+            y = self.body(x).flatten(2)[..., :4]
+            z = self.head(y)
+            return self.tail(z)[0]
+
+    x = torch.randn(2, 3, 6, 6)
+
+    def run():
+        model = seeded(Model)
+        before = _snapshot(model)
+        result = fxrules.apply_rules(model, fxrules.parse_rules("call_module Dropout($x) -> $x"),
+                                     example_inputs=(x,))
+        assert _same_snapshot(before, _snapshot(model))
+        return [(n.name, _described(n.meta.get("val"))) for n in result.module.graph.nodes]
+
+    fast, public = _both_paths(monkeypatch, run)
+    assert fast == public
+    assert sum(1 for _, val in fast if isinstance(val, tuple) and val[:1] == ("tensor",)) > 5
