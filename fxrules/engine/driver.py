@@ -306,7 +306,6 @@ class _Session:
         queued: set = set()
         counter = itertools.count()
         module_of = self.work.module_of
-        overridden = self.view.overridden
 
         def push(node: fx.Node, programs: tuple) -> None:
             keys = None
@@ -319,13 +318,16 @@ class _Session:
                 # change: a replaced input's users are revisited. Its common form, one call pattern
                 # among the root's arguments, is a set test made here.
                 if program.requires:
-                    if keys is None:
-                        keys = input_keys(node)
                     prefilter = program.prefilter
-                    if prefilter is not None and UNHASHABLE_INPUT not in keys:
-                        if prefilter.isdisjoint(keys):
+                    if prefilter is not None:
+                        if keys is None:
+                            keys = input_keys(node)
+                        if UNHASHABLE_INPUT not in keys:
+                            if prefilter.isdisjoint(keys):
+                                continue
+                        elif not may_match(program, node, module_of, keys):
                             continue
-                    elif not may_match(program, node, module_of, keys, overridden):
+                    elif not may_match(program, node, module_of, keys):  # (it finds the keys if it needs them)
                         continue
                 queued.add(key)
                 heapq.heappush(heap, (index, sort_key(node), next(counter), node, program))
@@ -336,7 +338,8 @@ class _Session:
             push(node, programs)
         applied: list[Applied] = []
         rejected: dict = {}
-        recent: list[str] = []
+        recent: list[Program] = []  # the program of each rewrite, for a loop's error
+        effects = self.work.effects
         while heap:
             _, _, _, node, program = heapq.heappop(heap)
             queued.discard((program.rule.index, node))
@@ -350,7 +353,7 @@ class _Session:
                 if isinstance(failed, Refusal):
                     rejected[_rejected_key(program, result)] = _rejected(program, result, failed)
                 continue
-            decision = self.plan(result)
+            decision = plan(result, effects)
             if isinstance(decision, Refusal):
                 rejected[_rejected_key(program, result)] = _rejected(program, result, decision)
                 continue
@@ -367,9 +370,9 @@ class _Session:
             if rejected:  # a match refused earlier that now rewrites is not reported refused
                 rejected.pop(_rejected_key(program, result), None)
             applied.append(entry)
-            recent.append(program.name)
+            recent.append(program)
             if len(applied) > max_iterations:
-                window = Counter(recent[-200:])
+                window = Counter(p.name for p in recent[-200:])
                 names = [name for name, _ in window.most_common()]
                 raise RewriteLoopError(
                     f"the rules did not reach a fixpoint after {max_iterations} rewrites; these kept firing: "
@@ -500,7 +503,7 @@ def run_find(model: Any, rule_set: RuleSet, *, example_inputs=None, tracer=None,
     for node in work.graph.nodes:
         keys = input_keys(node)
         for program in session.compiled.candidates(node, work.module_of):
-            if program.requires and not may_match(program, node, work.module_of, keys, session.view.overridden):
+            if program.requires and not may_match(program, node, work.module_of, keys):
                 continue
             result = session.try_match(program, node)
             if isinstance(result, Miss):

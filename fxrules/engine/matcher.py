@@ -591,14 +591,15 @@ UNHASHABLE_INPUT = ("call_function", object())
 """In ``input_keys``: some input's target cannot be hashed, so set tests cannot decide."""
 
 
-def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], keys: set,
-              overridden: Optional[Callable[[Any], bool]] = None) -> bool:
+def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], keys: Optional[set]) -> bool:
     """False when ``program`` cannot match at ``node``: an argument call pattern of its first root
     matches none of the node's inputs by op and target (``Program.requires``). ``keys`` is
-    ``input_keys(node)``. A cheap test that never reads more than the inputs' op, target and
-    module type; True says nothing. ``overridden``: a run's memo of :func:`overridden_on_instance`
-    (:meth:`GraphView.overridden`), else asked each time."""
+    ``input_keys(node)`` (None is allowed when no pattern has a set test: ``Program.requires_keys`` all
+    None). A cheap test that never reads more than the inputs' op, target and module class
+    (:func:`_class_may_match`); True says nothing."""
     for pattern, wanted in zip(program.requires, program.requires_keys):
+        if wanted is not None and keys is None:
+            keys = input_keys(node)
         if wanted is not None and UNHASHABLE_INPUT not in keys:
             if wanted.isdisjoint(keys):
                 return False
@@ -609,7 +610,7 @@ def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], 
                 continue
             if op == "call_module":
                 module = module_of(value.target)
-                if module is not None and _module_matches_any(module, targets, overridden or overridden_on_instance):
+                if module is not None and _class_may_match(module, targets):
                     break
             elif op == "call_method":
                 if value.target in targets:
@@ -619,6 +620,22 @@ def may_match(program: Program, node: fx.Node, module_of: Callable[[str], Any], 
         else:
             return False
     return True
+
+
+def _class_may_match(module: Any, targets: tuple) -> bool:
+    """The pre-check's test of a module input: an instance of one of the pattern's classes. Weaker than
+    :func:`_module_matches` (which the matcher asks: it also refuses a module overriding its class's code,
+    or of a subclass that does not compute as the class), so it never rejects a module that matches;
+    decided per class, the common module being of an exactly named class or of none."""
+    cls = type(module)
+    if module.__class__ is not cls:  # a class the object claims (isinstance reads it too): asked in full
+        return isinstance(module, targets)
+    return _subclass_of_any(cls, targets)
+
+
+@functools.lru_cache(maxsize=4096)
+def _subclass_of_any(cls: type, targets: tuple) -> bool:
+    return issubclass(cls, targets)
 
 
 def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: bool = True) -> "Match | Miss":

@@ -1033,7 +1033,8 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
 
     ``checked``: nodes already known to have no side effect (the planner refuses a match with an
     effectful node), so they are not asked again."""
-    stack = sorted(set(candidates))  # pop() takes the latest node first: users before producers
+    # pop() takes the latest node first: users before producers
+    stack = sorted(set(candidates)) if len(candidates) > 1 else list(candidates)
     survivors: set = set()
     seen: set = set()
     while stack:
@@ -1044,7 +1045,7 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
             survivors.add(node)
             continue
         seen.add(node)
-        inputs = list(node.all_input_nodes)
+        inputs = node.all_input_nodes  # (a new list: erasing the node empties its own)
         work.erase(node)
         for inp in inputs:
             if not inp.users and inp.op not in ("placeholder", "output") \
