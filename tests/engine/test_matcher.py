@@ -643,6 +643,38 @@ def test_may_match_never_rejects_a_node_that_matches():
             assert may_match(prog, n, {}.get, input_keys(n))
 
 
+
+class _OwnBatchNorm(nn.BatchNorm2d):
+    """A subclass that computes as BatchNorm2d: a pattern naming BatchNorm2d matches it."""
+
+
+class _PosingNorm(nn.LayerNorm):
+    """A LayerNorm whose ``__class__`` claims BatchNorm2d (so ``isinstance`` says it is one)."""
+
+    @property
+    def __class__(self):
+        return nn.BatchNorm2d
+
+
+def test_the_pre_check_of_a_module_input_never_rejects_what_the_matcher_takes():
+    # the pre-check asks a module input's class only (issubclass, decided once per class): weaker than the
+    # matcher, which also refuses an object posing as the class or overriding its code, never stronger
+    prog = program("rule mm: call_function torch.relu(call_module BatchNorm2d($x)) -> $x")
+    modules = {"bn": nn.BatchNorm2d(2), "own": _OwnBatchNorm(2), "posing": _PosingNorm(2), "ln": nn.LayerNorm(2),
+               "patched": nn.BatchNorm2d(2)}
+    modules["patched"].forward = lambda x: x  # overrides its class's code on the object
+    g = fx.Graph()
+    x = g.placeholder("x")
+    roots = {name: g.call_function(torch.relu, (g.call_module(name, (x,)),)) for name in modules}
+    g.output(tuple(roots.values()))
+    view = GraphView(modules.get)
+    for name, root in roots.items():
+        matched = isinstance(match_program(prog, root, view), Match)
+        passed = may_match(prog, root, modules.get, input_keys(root))
+        assert matched == (name in ("bn", "own")), name
+        assert passed == (name != "ln"), name  # (posing and patched: let through, the matcher refuses)
+        assert passed or not matched
+
 # ---------------------------------------------------------------------------
 # a property: matches along a chain of unary calls
 # ---------------------------------------------------------------------------
