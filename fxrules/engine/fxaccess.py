@@ -823,6 +823,21 @@ def _light_class(cls: type) -> bool:
     return found
 
 
+def _copied_items(items: Any, copy_one: Callable[[Any], Any]) -> Optional[dict]:
+    """A module's dictionary of parameters, buffers or submodules with each entry copied by ``copy_one``
+    (an entry registered as None stays None); None when ``items`` is not a plain dict or an entry cannot
+    be copied (``copy_one`` gives None)."""
+    if type(items) is not dict:
+        return None
+    copied = {}
+    for name, value in items.items():
+        made = None if value is None else copy_one(value)
+        if made is None and value is not None:
+            return None
+        copied[name] = made
+    return copied
+
+
 def _immutable(value: Any) -> bool:
     if isinstance(value, tuple) and type(value) is tuple:
         return all(_immutable(item) for item in value)
@@ -851,37 +866,25 @@ def _light_fake_copy(mode: Any, module: nn.Module, memo: dict) -> Optional[nn.Mo
     cls = type(module)
     if type(getattr(module, "__dict__", None)) is not dict or not _light_class(cls):
         return None
+
+    def tensor_of(kind: type) -> Callable[[Any], Any]:
+        def fake(tensor: Any) -> Any:  # a plain parameter or buffer (not a subclass): its fake, once
+            made = memo.get(id(tensor))
+            if made is None and type(tensor) is kind:
+                made = memo[id(tensor)] = mode.from_tensor(tensor, static_shapes=True)
+            return made
+        return fake
+
+    copiers = {"_parameters": tensor_of(nn.Parameter), "_buffers": tensor_of(torch.Tensor),
+               "_modules": lambda child: _light_fake_copy(mode, child, memo)}
     state: dict = {}
     for key, value in module.__getstate__().items():  # (what the deep copy copies: nn.Module's)
-        if key == "_parameters" or key == "_buffers":
-            if type(value) is not dict:
+        copier = copiers.get(key)
+        if copier is not None:
+            items = _copied_items(value, copier)
+            if items is None:
                 return None
-            items = {}
-            for name, tensor in value.items():
-                if tensor is None:
-                    items[name] = None
-                    continue
-                made = memo.get(id(tensor))
-                if made is None:
-                    if (type(tensor) is not nn.Parameter) if key == "_parameters" else (type(tensor) is not torch.Tensor):
-                        return None
-                    made = mode.from_tensor(tensor, static_shapes=True)
-                    memo[id(tensor)] = made
-                items[name] = made
             state[key] = items
-        elif key == "_modules":
-            if type(value) is not dict:
-                return None
-            children = {}
-            for name, child in value.items():
-                if child is None:
-                    children[name] = None
-                    continue
-                made = _light_fake_copy(mode, child, memo)
-                if made is None:
-                    return None
-                children[name] = made
-            state[key] = children
         elif key in _MODULE_HOOK_STORES:
             if value or type(value) not in (dict, collections.OrderedDict):
                 return None
