@@ -806,16 +806,18 @@ _IMMUTABLE_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes,
 """Types whose values a deep copy returns as they are (``copy._deepcopy_atomic``: ``F.relu`` as a
 ``TransformerEncoderLayer``'s activation), and a tuple of them (see :func:`_immutable`)."""
 
-_light_classes: dict = {}  # class -> whether its modules may be copied by _light_fake_copy
+_light_classes: dict = {}  # torch.nn class -> whether its modules may be copied by _light_fake_copy
 
 
 def _light_class(cls: type) -> bool:
     """A class defined by torch.nn whose deep copy is the one ``nn.Module`` defines: no ``__deepcopy__``,
     ``__reduce__``, ``__reduce_ex__`` or ``__getstate__`` of its own, nor a copy function registered for
     it. (Its ``__setstate__`` may be its own: :func:`_light_fake_copy` calls it as the deep copy does.)"""
+    if not str(getattr(cls, "__module__", "")).startswith("torch.nn.modules."):
+        return False  # (asked first: the memo holds torch.nn's classes only, not each GraphModule's own)
     found = _light_classes.get(cls)
     if found is None:
-        found = (cls.__module__.startswith("torch.nn.modules.") and not hasattr(cls, "__deepcopy__")
+        found = (not hasattr(cls, "__deepcopy__")
                  and cls.__reduce_ex__ is nn.Module.__reduce_ex__ and cls.__reduce__ is nn.Module.__reduce__
                  and cls.__getstate__ is nn.Module.__getstate__
                  and cls not in copy._deepcopy_dispatch and cls not in copyreg.dispatch_table)
