@@ -88,7 +88,7 @@ class Effects:
         self._methods: dict = {}  # call_method name -> aliasing.method_is_known
         self._plain_classes: dict = {}  # module class -> _watched_names
         self._facts: dict = {}  # id(module) -> (module, its ModuleFacts): see module_facts
-        self._programs: dict = {}  # id(program) -> (program, its replacement calls)
+        self._programs: dict = {}  # id(program) -> (program, (its calls that may write, that may draw))
         self.call_aliases: dict = {}  # id(RCall) -> (RCall, whether its result may alias), where static
         self._storages: Optional[tuple] = None  # (graph, storage keys its nodes write through their inputs)
         self._module_keys: dict = {}  # call_module node -> (its module, storage keys the call writes itself)
@@ -360,25 +360,26 @@ class Effects:
         return entry[1]
 
     def replacement_calls(self, program: Any) -> tuple:
-        """Every RCall of ``program``'s replacements (remembered per program for the run)."""
-        return self._program_calls(program)[0]
+        """Every RCall of ``program``'s replacements (``Program.calls``, listed when it was compiled)."""
+        return program.calls
 
     def writing_calls(self, program: Any) -> tuple:
         """The RCalls of ``program``'s replacements that may write an argument in place: all but those
         whose template alone says they write nothing (:func:`_writes_nothing`); remembered per program."""
-        return self._program_calls(program)[1]
+        return self._program_calls(program)[0]
 
     def drawing_calls(self, program: Any) -> tuple:
         """The RCalls of ``program``'s replacements that may draw random numbers: all but those whose
         template alone says they draw none (:func:`_draws_nothing`); remembered per program."""
-        return self._program_calls(program)[2]
+        return self._program_calls(program)[1]
 
     def _program_calls(self, program: Any) -> tuple:
+        """(the calls that may write, the calls that may draw) of ``program``, remembered for the run."""
         entry = self._programs.get(id(program))
         if entry is None or entry[0] is not program:
             calls = program.calls
             entry = self._programs[id(program)] = (program, (
-                calls, tuple(c for c in calls if not _writes_nothing(c, self)),
+                tuple(c for c in calls if not _writes_nothing(c, self)),
                 tuple(c for c in calls if not _draws_nothing(c))))
         return entry[1]
 

@@ -23,6 +23,7 @@ rewrite creates. Two ways to use it, chosen once per run by the driver:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from dataclasses import dataclass
@@ -986,10 +987,8 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
         return decided
     writer, changes = decided
     program = match.program
-    if program.calls:  # a replacement that may make nodes: they go before the plan's anchor
-        with work.graph.inserting_before(plan.anchor):
-            new_values = [writer.value(r) for r in program.replacements]
-    else:  # bound values and literals only: nothing is made
+    # a replacement's calls make nodes, before the plan's anchor; bound values and literals make none
+    with work.graph.inserting_before(plan.anchor) if program.calls else contextlib.nullcontext():
         new_values = [writer.value(r) for r in program.replacements]
     touched: set = set(writer.created)
     touched.update(writer.kept)
