@@ -27,7 +27,8 @@ from torch import fx, nn
 from fxrules.engine import fxaccess
 from fxrules.engine.conditions import ConditionRaised, Evaluator, MissingMetadata
 from fxrules.lang.diagnostics import FxrulesError
-from fxrules.engine.matcher import UNHASHABLE_INPUT, GraphView, Match, Miss, input_keys, match_program, may_match
+from fxrules.engine.matcher import (UNDECIDED, UNHASHABLE_INPUT, GraphView, Match, Miss, direct_matcher, input_keys,
+                                    match_program, may_match)
 from fxrules.engine.planner import Plan, plan
 from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
 from fxrules.engine.refusals import MissCode, Refusal, RefusalCode
@@ -227,6 +228,27 @@ def _pattern_depth(pattern: Any) -> int:
     return depth
 
 
+def _revisit_reach(programs: tuple, depth: int) -> int:
+    """How many levels of users above a node a rewrite touched may hold a root whose match it changed.
+
+    ``depth`` is the most call patterns nested in any rule (``relu(relu($x))``: 2). A rewrite touches
+    nodes whose inputs changed (users of a replaced root, created nodes, re-pointed readers) and nodes
+    whose users changed (the replacing value, kept and surviving matched nodes). A call pattern is at
+    most ``depth - 1`` levels below its root, so a match that reads a node as a call (its inputs, or its
+    users when it is an interior node: ``interior-used-outside``) is rooted at most ``depth - 1``
+    levels above it. A capture is one level deeper, and what a match may read of a capture's node that
+    a rewrite changes is its users (``users($x)``), its metadata, or, through a function a condition
+    calls, the node itself: so ``depth`` levels, unless no rule reads a capture at all. A rule set
+    whose conditions are all module flags (``not d.training``: read from the module an ``as`` name
+    calls, which no rewrite changes) and that has no multi-root rule (whose other roots are found
+    through the captures' users) needs ``depth - 1``: on a graph of module calls, about half the
+    nodes revisited after each rewrite."""
+    for program in programs:
+        if len(program.roots) > 1 or any(flag is None for flag in program.flags):
+            return depth
+    return depth - 1
+
+
 class _Session:
     """One engine run over one workpiece."""
 
@@ -234,9 +256,10 @@ class _Session:
         self.work = work
         self.rule_set = rule_set
         self.compiled: CompiledRules = compile_rules(rule_set)
-        self.view = GraphView(work.module_of)
+        self.view = GraphView(work.module_of, work.effects.module_is_known)
         self.depth = max((_pattern_depth(r) for p in self.compiled.programs for r in p.roots), default=1)
         self.multi_root = any(len(p.roots) > 1 for p in self.compiled.programs)
+        self.reach = _revisit_reach(self.compiled.programs, self.depth)
 
     def error(self, program: Program, node: fx.Node, message: str) -> RewriteError:
         return RewriteError(message, rule=program.name, source=program.rule.source, node=node.name,
@@ -285,6 +308,27 @@ class _Session:
             raise
         except Exception as exc:
             raise self.error(program, node, f"matching raised {type(exc).__name__}: {exc}") from exc
+
+    def match_directly(self, program: Program, node: fx.Node) -> "Match | None":
+        """:meth:`try_match` without a reason for a miss (None), as the fixpoint needs it: by the program's
+        direct matcher (:func:`fxrules.engine.matcher.direct_matcher`, made once per compiled rule set)
+        where it has one and it decides, else by the interpreter."""
+        made = self.compiled.direct
+        entry = made.get(id(program))
+        if entry is None or entry[0] is not program:
+            entry = made[id(program)] = (program, direct_matcher(program))
+        direct = entry[1]
+        if direct is not None:
+            try:
+                found = direct(node, self.view)
+            except (RewriteError, RewriteLoopError):
+                raise
+            except Exception as exc:
+                raise self.error(program, node, f"matching raised {type(exc).__name__}: {exc}") from exc
+            if found is not UNDECIDED:
+                return found
+        result = self.try_match(program, node)
+        return None if isinstance(result, Miss) else result
 
     def plan(self, match: Match) -> "Plan | Refusal":
         return plan(match, self.work.effects)
@@ -345,8 +389,8 @@ class _Session:
             queued.discard((program.rule.index, node))
             if node.graph is None or fxaccess.erased(node):
                 continue
-            result = self.try_match(program, node)
-            if isinstance(result, Miss):
+            result = self.match_directly(program, node)
+            if result is None:
                 continue
             failed = self.conditions(result)
             if failed is not None:
@@ -384,7 +428,7 @@ class _Session:
         return applied, list(rejected.values())
 
     def _revisit(self, touched: Iterable[fx.Node]) -> set:
-        """Touched nodes, their users up to the deepest pattern's depth, and siblings for multi-root rules."""
+        """Touched nodes, their users up to :func:`_revisit_reach` levels, and siblings for multi-root rules."""
         found: set = set()
         frontier = [n for n in touched if not fxaccess.erased(n)]
         found.update(frontier)
@@ -392,7 +436,7 @@ class _Session:
             for n in list(frontier):
                 for inp in n.all_input_nodes:
                     found.update(inp.users)
-        for _ in range(self.depth):
+        for _ in range(self.reach):
             nxt = []
             for n in frontier:
                 for user in n.users:

@@ -105,13 +105,20 @@ class GraphView:
     object overrides its class's code (:func:`overridden_on_instance`, asked once per module for the run:
     a rewrite never changes an existing module's attributes)."""
 
-    def __init__(self, module_of: Callable[[str], Any]):
+    def __init__(self, module_of: Callable[[str], Any], known: Optional[Callable[[Any], bool]] = None):
         self.module_of = module_of
+        # ``known(module)`` True says the module overrides nothing (the planner's per-module facts, found
+        # once for the run whoever asks first: :meth:`fxrules.engine.planner.Effects.module_is_known`), so
+        # the instance is not read a second time; False says nothing, and the instance is asked
+        self._known = known
         self._overridden: dict = {}  # id(module) -> (module, overridden_on_instance(module))
 
     def overridden(self, module: Any) -> bool:
         entry = self._overridden.get(id(module))
         if entry is None or entry[0] is not module:
+            known = self._known
+            if known is not None and known(module):
+                return False
             entry = self._overridden[id(module)] = (module, overridden_on_instance(module))
         return entry[1]
 
@@ -636,6 +643,130 @@ def _class_may_match(module: Any, targets: tuple) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _subclass_of_any(cls: type, targets: tuple) -> bool:
     return issubclass(cls, targets)
+
+
+# ---------------------------------------------------------------------------
+# Direct matchers: the interpreter above, specialised to one rule's pattern
+# ---------------------------------------------------------------------------
+
+UNDECIDED = object()
+"""What a direct matcher answers for a node its specialised form does not cover (a call whose
+arguments would have to be bound to its signature): the interpreter (:func:`match_program`) decides."""
+
+
+def direct_matcher(program: Program) -> Optional[Callable[[fx.Node, GraphView], Any]]:
+    """``program``'s pattern as nested closures that do what :class:`_Matcher` does, without its
+    per-pattern dispatch or failure bookkeeping, or None when the pattern has a form they do not cover.
+
+    ``direct(node, view)`` answers the :class:`Match` :func:`match_program` would give (the same
+    bindings, in the same order), None where it gives a :class:`Miss` (no reason: the fixpoint only
+    needs to know), or :data:`UNDECIDED`. Covered: one root made of calls (module, method and function
+    calls whose arguments are compared as written, or taken in order where the call has exactly the
+    pattern's positional arguments and no keywords: ``PCall.in_order``), captures, ``_``, ``as`` names,
+    literals and constants. Not covered (None): more than one root, alternatives, sequences, ``...``,
+    keyword or module-attribute patterns, commuting calls, named-node references, get_attr patterns."""
+    if len(program.roots) != 1:
+        return None
+    root = _direct(program.roots[0])
+    if root is None:
+        return None
+
+    def direct(node: fx.Node, view: GraphView) -> Any:
+        env = Bindings()
+        found = root(node, view, env)
+        if found is True:
+            return Match(program, (node,), env)
+        return None if found is False else UNDECIDED
+
+    return direct
+
+
+def _direct(pattern: Any) -> Optional[Callable]:
+    """One pattern's closure ``(value, view, env) -> True | False | UNDECIDED``, or None (not covered)."""
+    kind = type(pattern)
+    if kind is PCapture:
+        name = pattern.name
+
+        def capture(value: Any, view: GraphView, env: Bindings) -> Any:
+            captures = env.captures
+            bound = captures.get(name, _MISSING)
+            if bound is _MISSING:
+                captures[name] = value
+                return True
+            return _same_value(bound, value)
+
+        return capture
+    if kind is PWildcard:
+        return lambda value, view, env: True
+    if kind is PLiteral:
+        expected = pattern.value
+        return lambda value, view, env: _same_literal(expected, value)
+    if kind is PConst:
+        constant = pattern.value
+        return lambda value, view, env: _same_constant(constant, value)
+    if kind is PBind:
+        inner, bound_name = _direct(pattern.inner), pattern.name
+        if inner is None:
+            return None
+
+        def bind(value: Any, view: GraphView, env: Bindings) -> Any:
+            found = inner(value, view, env)
+            if found is True:
+                env.names[bound_name] = value
+            return found
+
+        return bind
+    if kind is PCall:
+        return _direct_call(pattern)
+    return None
+
+
+def _direct_call(pattern: PCall) -> Optional[Callable]:
+    if pattern.attrs or pattern.kwargs or pattern.rest or pattern.commutes is not None:
+        return None
+    if pattern.overloads and not pattern.in_order:
+        return None
+    arguments = None
+    if pattern.args is not None:
+        if pattern.args and type(pattern.args[-1]) is PVariadic:
+            return None
+        parts = [_direct(p) for p in pattern.args]
+        if any(part is None for part in parts):
+            return None
+        arguments = tuple(parts)
+    count = len(arguments) if arguments is not None else 0
+    bound_by_signature = bool(pattern.overloads)  # in order only where the call fits it exactly
+    op, targets = pattern.op, pattern.targets
+
+    def call(value: Any, view: GraphView, env: Bindings) -> Any:
+        if type(value) is not fx.Node and not isinstance(value, fx.Node):
+            return False
+        if value.op != op:
+            return False
+        if op == "call_module":
+            module = view.module_of(value.target)
+            if module is None or not _module_matches_any(module, targets, view.overridden):
+                return False
+        elif op == "call_method":
+            if value.target not in targets:
+                return False
+        elif not _same_target(value.target, targets):
+            return False
+        if arguments is not None:
+            args = value.args
+            if bound_by_signature:
+                if value.kwargs or len(args) != count:
+                    return UNDECIDED  # the interpreter binds it to the signature
+            elif len(args) != count or value.kwargs:
+                return False  # (as written: a count that differs, or a keyword the pattern has not)
+            for part, have in zip(arguments, args):
+                found = part(have, view, env)
+                if found is not True:
+                    return found
+        env.nodes[value] = None
+        return True
+
+    return call
 
 
 def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: bool = True) -> "Match | Miss":

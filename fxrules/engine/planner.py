@@ -39,7 +39,7 @@ from __future__ import annotations
 import operator
 import types
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 import torch
 from torch import fx
@@ -324,6 +324,27 @@ class Effects:
         if facts.updates_statistics:
             return f"%{node.name} updates the running statistics of `{node.target}` (training mode)"
         return None
+
+    def plain_module_calls(self, nodes: Iterable) -> bool:
+        """Whether every one of ``nodes`` calls a plain module (:data:`_PLAIN_MODULE`: known, no hooks, writes
+        nothing, not impure, updates no statistics, draws nothing) while no global module hook is registered.
+        Then :func:`module_has_hooks` and :func:`drops_side_effect` have nothing to refuse in them: no hook
+        of any kind, and no effect (:meth:`declared_effect` of a plain module's call is None). The planner
+        asks this first of a match made of module calls, the common form of module rules, and skips those
+        two checks when it holds; any other node (a function or method call, a module with any fact) says
+        False, and the two checks run in full."""
+        facts_of, module_of = self._facts, self.module_of
+        for node in nodes:
+            if node.op != "call_module":
+                return False
+            module = module_of(node.target)
+            if module is None:
+                return False
+            entry = facts_of.get(id(module))
+            facts = entry[1] if entry is not None and entry[0] is module else self.module_facts(module)
+            if facts is not _PLAIN_MODULE:
+                return False
+        return not fxaccess.global_hook_kinds()
 
     def module_hooks(self, module: Any) -> list:
         """:func:`module_hooks` with the module's own hooks as found once for the run (the global ones
@@ -890,10 +911,10 @@ def plan(match: Match, effects: Effects) -> "Plan | Refusal":
     """
     settled = inspecting_users(match)
     refusal = settled if isinstance(settled, Refusal) else None
-    if refusal is None:
+    if refusal is None and not effects.plain_module_calls(match.bindings.nodes):
         refusal = module_has_hooks(match, effects)
-    if refusal is None:
-        refusal = drops_side_effect(match, effects)
+        if refusal is None:
+            refusal = drops_side_effect(match, effects)
     if refusal is not None:
         return refusal
     inputs = _replacement_inputs(match)
@@ -1519,7 +1540,8 @@ def _template_draws_random(call: RCall, match: Match, effects: Effects) -> bool:
             return False
         p = dict(call.target.attrs).get("p")
         return not (isinstance(p, RLiteral) and p.value == 0)
-    return module is not None and aliasing.module_draws_random(module)
+    # a module of the graph: its facts, found once for the run (their draws_random is module_draws_random's)
+    return module is not None and effects.module_facts(module).draws_random
 
 
 def _writes_nothing(call: RCall, effects: Effects) -> bool:

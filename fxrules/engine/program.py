@@ -886,6 +886,8 @@ class CompiledRules:
     by_key: dict  # key -> tuple of programs, in rule order
     module_keys: bool  # whether any rule's root is a call_module (needs module lookups per node)
     by_class: dict = field(default_factory=dict, compare=False)  # module class -> candidates, filled on use
+    # id(program) -> (program, its direct matcher or None): fxrules.engine.matcher.direct_matcher, made on first use
+    direct: dict = field(default_factory=dict, compare=False)
 
     def candidates(self, node, module_of) -> tuple:
         """Programs whose first root can match ``node`` (in rule order)."""

@@ -1033,7 +1033,7 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
     ``checked``: nodes already known to have no side effect (the planner refuses a match with an
     effectful node), so they are not asked again."""
     # pop() takes the latest node first: users before producers
-    stack = sorted(set(candidates)) if len(candidates) > 1 else list(candidates)
+    stack = sorted(set(candidates), key=fxaccess.sort_key) if len(candidates) > 1 else list(candidates)
     survivors: set = set()
     seen: set = set()
     while stack:

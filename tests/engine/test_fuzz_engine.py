@@ -51,6 +51,8 @@ from torch import fx, nn
 from torch.testing import assert_close
 
 import fxrules
+from fxrules.engine import driver
+from fxrules.engine.program import compile_rules
 from tests.engine.test_inplace import GRAPH_EDITS, Interrupting, assert_same_deep, deep_snapshot
 
 RULES_DIR = Path(__file__).resolve().parents[2] / "rules"
@@ -602,8 +604,8 @@ def test_library_on_random_graphs(spec):
 
 
 @st.composite
-def rule_subsets(draw) -> fxrules.RuleSet:
-    names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=len(NAMES), unique=True))
+def rule_subsets(draw, names: tuple = NAMES) -> fxrules.RuleSet:
+    names = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
     if draw(st.booleans()):
         return LIBRARY.select(names=names)  # library order
     ordered = LIBRARY.select(names=[names[0]])  # the drawn order: other priorities
@@ -615,6 +617,29 @@ def rule_subsets(draw) -> fxrules.RuleSet:
 @given(spec=graph_specs(), rules=rule_subsets())
 @pytest.mark.slow
 def test_rule_subsets_on_random_graphs(spec, rules):
+    check_invariants(spec, rules)
+
+
+def _reads_no_capture(program) -> bool:
+    """A single-root rule whose conditions are all module flags (``not d.training``): a set of such rules
+    is revisited one level less deep after each rewrite (``engine.driver._revisit_reach``)."""
+    return len(program.roots) == 1 and all(flag is not None for flag in program.flags)
+
+
+LOCAL_NAMES = tuple(p.name for p in compile_rules(LIBRARY).programs if _reads_no_capture(p))
+
+
+def test_the_library_has_rules_revisited_one_level_less():
+    depths = {name: max(driver._pattern_depth(r) for r in compile_rules(LIBRARY.select(names=[name])).programs[0].roots)
+              for name in LOCAL_NAMES}
+    assert len(LOCAL_NAMES) >= 20 and max(depths.values()) >= 2  # nested patterns among them
+
+
+@given(spec=graph_specs(), rules=rule_subsets(LOCAL_NAMES))
+@pytest.mark.slow
+def test_rules_reading_no_capture_on_random_graphs(spec, rules):
+    """Sets of those rules (nested patterns, no condition on a capture) reach a fixpoint, revisiting one
+    level less: the invariants, the fixpoint's included."""
     check_invariants(spec, rules)
 
 

@@ -1,0 +1,104 @@
+"""After each rewrite the fixpoint revisits the nodes whose matches it may have changed
+(``engine.driver._Session._revisit``): the touched nodes and their users up to
+``_revisit_reach`` levels. These tests hold the reach to what rules can read, and the run to a
+fixpoint, on both sides of the line where a rule set needs one level less."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+import fxrules
+from fxrules.engine.driver import _Session, _revisit_reach, prepare
+from fxrules.engine.program import compile_rules
+
+
+def reach_of(text: str) -> tuple:
+    """(the deepest pattern's depth, the reach) of a run of ``text``'s rules."""
+    work = prepare(nn.Sequential(nn.ReLU()), tracer=None, concrete_args=None, example_inputs=None)
+    session = _Session(work, fxrules.parse_rules(text))
+    return session.depth, session.reach
+
+
+RELU_PAIR = "call_module ReLU(call_module ReLU($x) as a) -> call_module a($x)\n"
+DROPOUT = "call_module Dropout($x) as d where not d.training -> $x\n"
+
+
+@pytest.mark.parametrize("text, depth, reach", [
+    (RELU_PAIR, 2, 1),  # no condition
+    (RELU_PAIR + DROPOUT, 2, 1),  # a module flag reads the module, which no rewrite changes
+    ("call_function torch.neg(call_function torch.neg(call_function torch.neg($x))) -> $x\n", 3, 2),
+    # a condition that reads a capture: its users, its metadata, or the node itself through a function
+    (RELU_PAIR + "call_function torch.relu($x) where users($x) == 1 -> $x\n", 2, 2),
+    (RELU_PAIR + "call_function torch.relu($x) where $x.ndim == 2 -> $x\n", 2, 2),
+    (RELU_PAIR + "call_function torch.relu($x) where is_constant($x) -> $x\n", 2, 2),
+    # a multi-root rule finds its other roots through the captures' users
+    (RELU_PAIR + "call_function torch.sin($x) as s, call_function torch.cos($x) as c -> "
+                 "call_function torch.cos($x), call_function torch.sin($x)\n", 2, 2),
+])
+def test_the_reach_is_one_level_less_only_when_no_rule_reads_a_capture(text, depth, reach):
+    assert reach_of(text) == (depth, reach)
+
+
+def test_reach_of_a_rule_set_of_one_level_patterns():
+    programs = compile_rules(fxrules.parse_rules(DROPOUT)).programs
+    assert _revisit_reach(programs, 1) == 0  # only the touched nodes: their own inputs changed
+    programs = compile_rules(fxrules.parse_rules("call_function torch.relu($x) where users($x) == 1 -> $x\n")).programs
+    assert _revisit_reach(programs, 1) == 1
+
+
+class UsersAtTheCaptureLevel(nn.Module):
+    """``a = sin(x)`` is used by ``b = relu(a)`` (under ``c = neg(b)``) and by ``d = a + y``. The rule rooted
+    at ``c`` needs ``users(a) == 1``; another rule replaces ``d`` by ``y``, so ``a`` loses a user two levels
+    below ``c``, where the first rule reads it as a capture."""
+
+    def forward(self, x, y):
+        a = torch.sin(x)
+        c = torch.neg(torch.relu(a))
+        return c, a + y
+
+
+USERS_RULES = (
+    "rule neg_relu \"neg(relu(y)) when y has one user\" [changes]:\n"
+    "    call_function torch.neg(call_function torch.relu($y)) where users($y) == 1 -> call_function torch.tanh($y)\n"
+    "rule drop_add \"a + b is b\" [changes]:\n"
+    "    call_function operator.add($a, $b) -> $b\n"
+)
+
+
+def test_a_capture_losing_a_user_two_levels_below_a_root_is_revisited(monkeypatch):
+    rules = fxrules.parse_rules(USERS_RULES)
+    result = fxrules.apply_rules(fx.symbolic_trace(UsersAtTheCaptureLevel()), rules)
+    # neg_relu is tried first (rule order) and its condition fails (sin has two users); drop_add then
+    # leaves sin one user, and the revisit reaches neg, two levels above sin
+    assert result.counts == {"drop_add": 1, "neg_relu": 1}
+    assert not fxrules.apply_rules(result.module, rules).report.applied
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    c, d = result.module(x, y)
+    assert torch.equal(c, torch.tanh(torch.sin(x))) and torch.equal(d, y)
+    # one level less stops short of neg: the reach the users condition asks for is what finds it
+    monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: depth - 1)
+    short = fxrules.apply_rules(fx.symbolic_trace(UsersAtTheCaptureLevel()), rules)
+    assert short.counts == {"drop_add": 1}
+
+
+def test_one_level_less_reaches_every_match_of_a_module_chain():
+    """Runs of ReLUs broken by eval-mode Dropouts: each rewrite makes the next match (a Dropout
+    removed joins two runs); every pair is found, in one run, and a second run finds nothing."""
+    layers = []
+    for i in range(12):
+        layers += [nn.Linear(4, 4)] + [nn.ReLU() for _ in range(1 + i % 4)] + [nn.Dropout(0.1)] * (i % 2) \
+            + [nn.ReLU()] * (i % 3)
+    model = nn.Sequential(*layers).eval()
+    rules = fxrules.parse_rules(RELU_PAIR + DROPOUT)
+    gm = fx.symbolic_trace(model)
+    assert _Session(prepare(gm, tracer=None, concrete_args=None, example_inputs=None), rules).reach == 1
+    result = fxrules.apply_rules(gm, rules)
+    kinds = [type(result.module.get_submodule(n.target)).__name__ for n in result.module.graph.nodes
+             if n.op == "call_module"]
+    assert "Dropout" not in kinds
+    assert all(not (a == b == "ReLU") for a, b in zip(kinds, kinds[1:]))  # no two ReLUs in a row left
+    assert not fxrules.apply_rules(result.module, rules).report.applied
+    x = torch.randn(2, 4)
+    assert torch.equal(result.module(x), model(x))
