@@ -954,6 +954,8 @@ def inspecting_users(match: Match) -> "inspection.Settlement | Refusal":
     or the refusal ``interior-used-outside`` naming the first that cannot be."""
     matched = match.bindings.nodes
     roots = match.roots
+    if len(matched) == 1 and len(roots) == 1 and roots[0] in matched:  # the root alone: no interior node
+        return inspection.NOTHING
     settlements, after = [], None
     for node in matched:
         if node in roots:
@@ -1066,6 +1068,9 @@ def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Option
     # the graph's drawing nodes (kept up to date through the run): a matched node draws when it is one of
     # them; most graphs have none, and then neither question below is asked node by node
     random = effects.random_nodes(match.roots[0].graph)
+    drawing = effects.drawing_calls(match.program)
+    if not random and not drawing:  # nothing draws, and the replacement calls nothing that may
+        return None
     for node in match.bindings.nodes if random else ():
         if node in random:
             if kept is None:
@@ -1092,7 +1097,7 @@ def changes_random_draws(match: Match, effects: Effects, inputs: list) -> Option
                            f"%{node.name} draws random numbers and the rewrite would leave it unused; under "
                            f"[{contract}] it may not be removed (every later random draw would change)", (node.name,))
     claimed: set = set()
-    for call in effects.drawing_calls(match.program):
+    for call in drawing:
         if _template_draws_random(call, match, effects):
             if kept is None:
                 kept = kept_nodes(match)

@@ -229,11 +229,13 @@ class Program:
     new_calls_only: bool = False  # see _new_calls_only
     source: str = ""  # the rule's ``file:line`` (CheckedRule.source, formatted once: every report entry names it)
     calls: tuple = ()  # every RCall of the replacements (nested ones and shared nodes' included), outermost first
+    makes_nodes: bool = False  # some call of `calls` makes a node (one that does not compute a matched node again)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", self.rule.source)
         object.__setattr__(self, "calls", tuple(item for item in replacement_items(self.replacements)
                                                 if isinstance(item, RCall)))
+        object.__setattr__(self, "makes_nodes", any(call.respells is None for call in self.calls))
         object.__setattr__(self, "computed", _computed(self.replacements))
         object.__setattr__(self, "method_objects", _method_objects(self.replacements))
         object.__setattr__(self, "flags", tuple(module_flag(c) for c in self.conditions))

@@ -27,7 +27,7 @@ import contextlib
 import copy
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import fx, nn
@@ -238,6 +238,9 @@ class Journal:
 
 _ABSENT = object()
 
+_NO_MODULES: dict = {}
+"""What a closed workpiece's ``module_of`` reads (:meth:`Workpiece.close`): nothing."""
+
 
 class Workpiece:
     """The graph being rewritten and the modules it refers to; every edit goes through its journal
@@ -253,7 +256,6 @@ class Workpiece:
         self.training = root.training
         self._modules: Optional[dict] = None
         self.new_modules: dict[str, nn.Module] = {}
-        self._lookup: Optional[dict] = None  # modules, then new_modules over them: what module_of reads
         self.extra_attrs: dict[str, Any] = dict(extra_attrs or {})
         self._taken: Optional[set] = None
         self._callers: Optional[dict] = None  # call_module target -> {node: None}, built on first use
@@ -270,6 +272,11 @@ class Workpiece:
         self._fake_mode: Any = _NOT_LOOKED_UP
         self._node_names: dict = {}  # (op, target) -> the base name torch gives such a node
         self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
+        # module_of(target): the module a call_module target names, one the rewrite made (take_name adds
+        # it) or else the input's. It is this dictionary's own ``get``: the planner, the matcher and the
+        # fixpoint ask it several times per match, and a method around the lookup cost as much as the lookup.
+        self._lookup: Optional[dict] = dict(self.modules)
+        self.module_of: Callable[[str], Any] = self._lookup.get
         self.effects = Effects(self.module_of, self.attr_of)
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
         # guards.output_aliased's (graph, (output node, its args), outputs, their storage keys, their values),
@@ -324,13 +331,6 @@ class Workpiece:
         if self._modules is None:
             self._modules = fxaccess.modules_by_path(self.root)
         return self._modules
-
-    def module_of(self, target: str) -> Any:
-        """The module a call_module target names: one the rewrite made, else the input's."""
-        lookup = self._lookup
-        if lookup is None:
-            lookup = self._lookup = {**self.modules, **self.new_modules}
-        return lookup.get(target)
 
     def attr_of(self, target: str) -> Any:
         if target in self.extra_attrs:
@@ -435,8 +435,7 @@ class Workpiece:
         checks it afterwards): no node that outlives the rewrite calls the old module by that name, so no
         node's effects (:class:`Effects`) change with it."""
         self.new_modules[name] = module
-        if self._lookup is not None:
-            self._lookup[name] = module
+        self._lookup[name] = module
         return name
 
     def close(self) -> None:
@@ -455,6 +454,7 @@ class Workpiece:
         self.effects = None
         self.journal = UNRECORDED
         self._lookup = self._modules = self._callers = self._attr_readers = self._taken = None
+        self.module_of = _NO_MODULES.get
 
     # -- commit ----------------------------------------------------------------
     def check_changed(self) -> None:
@@ -987,8 +987,9 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
         return decided
     writer, changes = decided
     program = match.program
-    # a replacement's calls make nodes, before the plan's anchor; bound values and literals make none
-    with work.graph.inserting_before(plan.anchor) if program.calls else contextlib.nullcontext():
+    # a replacement's calls make nodes, before the plan's anchor; bound values, literals and calls that
+    # compute a matched node again (kept: _ReplacementWriter.keep) make none
+    with work.graph.inserting_before(plan.anchor) if program.makes_nodes else contextlib.nullcontext():
         new_values = [writer.value(r) for r in program.replacements]
     touched: set = set(writer.created)
     touched.update(writer.kept)
