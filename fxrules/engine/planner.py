@@ -1409,6 +1409,8 @@ def reads_across_mutation(match: Match, effects: Effects, inputs: list) -> Optio
     roots = match.roots
     if not inputs:  # nothing to read
         return None
+    if not effects.writers(roots[0].graph):  # no node writes in place (most graphs): none to read across
+        return None
     first = min(matched) if matched else min(roots)
     if not effects.writes_after(first):  # no node writes in place where a write could count (after=first)
         return None
