@@ -241,8 +241,8 @@ def _revisit_reach(programs: tuple, depth: int) -> int:
     calls, the node itself: so ``depth`` levels, unless no rule reads a capture at all. A rule set
     whose conditions are all module flags (``not d.training``: read from the module an ``as`` name
     calls, which no rewrite changes) and that has no multi-root rule (whose other roots are found
-    through the captures' users) needs ``depth - 1``: on a graph of module calls, about half the
-    nodes revisited after each rewrite."""
+    through the captures' users) needs ``depth - 1`` (``module_pairs`` at 5,000 nodes: 7,499 nodes
+    revisited for 2,500 rewrites, against 9,997)."""
     for program in programs:
         if len(program.roots) > 1 or any(flag is None for flag in program.flags):
             return depth
