@@ -31,6 +31,8 @@ rule in_order "a function bound in order, or left to the interpreter":
     call_function torch.relu(call_function torch.relu($x) as inner) -> inner
 rule contiguous_pair "a method pair, called with a keyword once":
     call_method contiguous(call_method contiguous($x)) -> call_method contiguous($x)
+rule sum_dim "a reduction over one dim, its keyword left to the signature":
+    call_function torch.sum($x, $d) -> $x
 rule wildcard "any second operand":
     call_function operator.sub($x, _) -> $x
 """
@@ -116,7 +118,8 @@ class Traced(nn.Module):
         w = torch.relu(torch.relu(z))
         t = (w / 1 + w).transpose(0, 1).transpose(0, 1)
         t = t.contiguous().contiguous(memory_format=torch.contiguous_format)  # a keyword the pattern has not
-        return self.posing(t) - x, torch.relu(input=torch.relu(x)), w - w, torch.relu(input=w)
+        s = torch.sum(t, 0, keepdim=True) + torch.sum(t, 1, dtype=torch.float64).float().sum()
+        return self.posing(t) - x, torch.relu(input=torch.relu(x)), w - w, torch.relu(input=w), s, torch.sum(t, 1)
 
 
 def test_direct_matchers_answer_what_the_interpreter_answers_on_a_traced_model():
@@ -128,6 +131,10 @@ def test_direct_matchers_answer_what_the_interpreter_answers_on_a_traced_model()
     view = GraphView(dict(gm.named_modules()).get)
     undecided = [n for n in gm.graph.nodes if n.target is torch.relu and relu_rule(n, view) is UNDECIDED]
     assert len(undecided) >= 2
+    # torch.sum(t, 0, keepdim=True): the pattern's two arguments and a keyword, bound by the signature
+    sum_rule = next(d for p, d in DIRECT if p.name == "sum_dim")
+    sums = [n for n in gm.graph.nodes if n.target is torch.sum]
+    assert [sum_rule(n, view) is UNDECIDED for n in sums] == [True, True, False]
 
 
 def test_the_rewrite_gives_the_same_result_with_and_without_direct_matchers(monkeypatch):

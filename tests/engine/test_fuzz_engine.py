@@ -643,6 +643,35 @@ def test_rules_reading_no_capture_on_random_graphs(spec, rules):
     check_invariants(spec, rules)
 
 
+def _outcome(gm: fx.GraphModule, rules: fxrules.RuleSet, inputs: Optional[tuple], *, shortcuts: bool) -> tuple:
+    """What a run gives: its code, every rewrite (rule, matched, created, replaced by) in order and the refusals,
+    or its error. ``shortcuts=False``: without direct matchers and with revisits to the full depth (the
+    interpreter and the reach before them), switched for this run only."""
+    saved = driver.direct_matcher, driver._revisit_reach
+    if not shortcuts:
+        driver.direct_matcher = lambda program: None
+        driver._revisit_reach = lambda programs, depth: depth
+    try:
+        result = fxrules.apply_rules(gm, rules, example_inputs=inputs)
+    except fxrules.RewriteError as exc:  # (no metadata for a condition, without inputs: both runs alike)
+        return ("error", str(exc))
+    finally:
+        driver.direct_matcher, driver._revisit_reach = saved
+    return (result.module.code, [(a.rule, a.matched, a.created, a.replaced_by) for a in result.report.applied],
+            sorted((r.rule, r.matched, r.code) for r in result.report.rejected))
+
+
+@given(spec=graph_specs(), rules=st.one_of(st.just(LIBRARY), rule_subsets(), rule_subsets(LOCAL_NAMES)),
+       with_inputs=st.booleans())
+@pytest.mark.slow
+def test_direct_matchers_and_shallower_revisits_change_no_rewrite(spec, rules, with_inputs):
+    """The same rewrites, in the same order, the same refusals and the same code with the direct matchers
+    and the reach of ``_revisit_reach`` as with the interpreter alone and revisits to the full depth."""
+    gm = build(spec)
+    inputs = example_inputs(spec) if with_inputs else None
+    assert _outcome(gm, rules, inputs, shortcuts=True) == _outcome(gm, rules, inputs, shortcuts=False)
+
+
 # ---------------------------------------------------------------------------
 # In place (apply_rules(..., inplace=True)): what a copying run gives, and all or nothing
 # ---------------------------------------------------------------------------
