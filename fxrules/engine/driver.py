@@ -312,22 +312,23 @@ class _Session:
     def match_directly(self, program: Program, node: fx.Node) -> "Match | None":
         """:meth:`try_match` without a reason for a miss (None), as the fixpoint needs it: by the program's
         direct matcher (:func:`fxrules.engine.matcher.direct_matcher`, made once per compiled rule set)
-        where it has one and it decides, else by the interpreter."""
+        where it has one and it decides, else by the interpreter (errors reported as :meth:`try_match`
+        reports them)."""
         made = self.compiled.direct
         entry = made.get(id(program))
         if entry is None or entry[0] is not program:
             entry = made[id(program)] = (program, direct_matcher(program))
         direct = entry[1]
-        if direct is not None:
-            try:
+        try:
+            if direct is not None:
                 found = direct(node, self.view)
-            except (RewriteError, RewriteLoopError):
-                raise
-            except Exception as exc:
-                raise self.error(program, node, f"matching raised {type(exc).__name__}: {exc}") from exc
-            if found is not UNDECIDED:
-                return found
-        result = self.try_match(program, node)
+                if found is not UNDECIDED:
+                    return found
+            result = match_program(program, node, self.view, explain=False)
+        except (RewriteError, RewriteLoopError):
+            raise
+        except Exception as exc:
+            raise self.error(program, node, f"matching raised {type(exc).__name__}: {exc}") from exc
         return None if isinstance(result, Miss) else result
 
     def plan(self, match: Match) -> "Plan | Refusal":

@@ -39,7 +39,7 @@ rule wildcard "any second operand":
 
 PROGRAMS = compile_rules(fxrules.load_rules(RULES_DIR)).programs + compile_rules(
     fxrules.parse_rules(HAND_WRITTEN)).programs
-DIRECT = [(p, direct_matcher(p)) for p in PROGRAMS if direct_matcher(p) is not None]
+DIRECT = [(p, d) for p, d in ((p, direct_matcher(p)) for p in PROGRAMS) if d is not None]
 
 
 def same_answer(program, direct, node: fx.Node, view: GraphView) -> bool:
