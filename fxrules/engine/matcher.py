@@ -663,8 +663,9 @@ def direct_matcher(program: Program) -> Optional[Callable[[fx.Node, GraphView], 
     needs to know), or :data:`UNDECIDED`. Covered: one root made of calls (module, method and function
     calls whose arguments are compared as written, or taken in order where the call has exactly the
     pattern's positional arguments and no keywords: ``PCall.in_order``), captures, ``_``, ``as`` names,
-    literals and constants. Not covered (None): more than one root, alternatives, sequences, ``...``,
-    keyword or module-attribute patterns, commuting calls, named-node references, get_attr patterns."""
+    literals and constants, alternatives (tried in order) and sequences of these. Not covered (None):
+    more than one root, ``*$xs``, ``...``, keyword or module-attribute patterns, commuting calls,
+    named-node references, get_attr patterns."""
     if len(program.roots) != 1:
         return None
     root = _direct(program.roots[0])
@@ -718,7 +719,54 @@ def _direct(pattern: Any) -> Optional[Callable]:
         return bind
     if kind is PCall:
         return _direct_call(pattern)
+    if kind is PAlt:
+        return _direct_alternatives(pattern)
+    if kind is PSeq:
+        return _direct_sequence(pattern)
     return None
+
+
+def _direct_alternatives(pattern: PAlt) -> Optional[Callable]:
+    """The options tried in order, as the interpreter tries them: the bindings as they were before
+    each option (a snapshot, restored when it fails), and the first that matches wins. An option
+    that cannot decide makes the whole pattern undecided: the interpreter would reach that option
+    too (the ones before it failed for both), so it decides from there."""
+    options = tuple(_direct(option) for option in pattern.options)
+    if any(option is None for option in options):
+        return None
+
+    def alternatives(value: Any, view: GraphView, env: Bindings) -> Any:
+        for option in options:
+            state = env.snapshot()
+            found = option(value, view, env)
+            if found is not False:  # True, or UNDECIDED
+                return found
+            env.restore(state)
+        return False
+
+    return alternatives
+
+
+def _direct_sequence(pattern: PSeq) -> Optional[Callable]:
+    """A list or tuple of exactly the pattern's items, matched in order (a sequence ending in
+    ``*$xs`` is left to the interpreter)."""
+    if pattern.items and type(pattern.items[-1]) is PVariadic:
+        return None
+    parts = tuple(_direct(item) for item in pattern.items)
+    if any(part is None for part in parts):
+        return None
+    count = len(parts)
+
+    def sequence(value: Any, view: GraphView, env: Bindings) -> Any:
+        if not isinstance(value, (list, tuple)) or len(value) != count:
+            return False
+        for part, item in zip(parts, value):
+            found = part(item, view, env)
+            if found is not True:
+                return found
+        return True
+
+    return sequence
 
 
 def _direct_call(pattern: PCall) -> Optional[Callable]:

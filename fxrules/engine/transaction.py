@@ -23,7 +23,6 @@ rewrite creates. Two ways to use it, chosen once per run by the driver:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
 from dataclasses import dataclass
@@ -953,14 +952,17 @@ def prospect(work: Workpiece, match: Match) -> "tuple[_ReplacementWriter, tuple]
     contract guards (:func:`fxrules.engine.guards.check`). Returns the writer, ready to edit, with
     the metadata changes a ``[changes]`` rewrite makes; or the Refusal. The graph is not touched."""
     writer = _ReplacementWriter(work, match)
-    writer.compute_values()
-    declined = writer.make_modules()
-    if declined is not None:
-        return Refusal(RefusalCode.BUILDER_DECLINED, declined, tuple(n.name for n in match.roots))
-    drawing = writer.built_module_draws()
-    if drawing is not None:
-        return drawing
-    modules = {key: made[0] for key, made in writer.premade.items()}
+    program = match.program
+    modules: dict = {}
+    if program.module_calls or program.computed or program.method_objects:  # (the common replacement: none)
+        writer.compute_values()
+        declined = writer.make_modules()
+        if declined is not None:
+            return Refusal(RefusalCode.BUILDER_DECLINED, declined, tuple(n.name for n in match.roots))
+        drawing = writer.built_module_draws()
+        if drawing is not None:
+            return drawing
+        modules = {key: made[0] for key, made in writer.premade.items()}
     values = None
     if work.has_values:
         values = guards.DryRun(work, match, modules, writer.computed).run()
@@ -989,7 +991,10 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     program = match.program
     # a replacement's calls make nodes, before the plan's anchor; bound values, literals and calls that
     # compute a matched node again (kept: _ReplacementWriter.keep) make none
-    with work.graph.inserting_before(plan.anchor) if program.makes_nodes else contextlib.nullcontext():
+    if program.makes_nodes:
+        with work.graph.inserting_before(plan.anchor):
+            new_values = [writer.value(r) for r in program.replacements]
+    else:
         new_values = [writer.value(r) for r in program.replacements]
     touched: set = set(writer.created)
     touched.update(writer.kept)

@@ -35,6 +35,22 @@ rule sum_dim "a reduction over one dim, its keyword left to the signature":
     call_function torch.sum($x, $d) -> $x
 rule wildcard "any second operand":
     call_function operator.sub($x, _) -> $x
+rule either_pair "alternatives whose options bind names and captures differently":
+    (call_method transpose(call_method transpose($x, $a, $b) as inner, $a, $b)
+     | call_method transpose(call_method transpose($x, $a, $b) as inner, $b, $a)
+     | call_function torch.transpose(call_function torch.transpose($x, $a, $b) as inner, $a, $b))
+    -> $x
+rule nested_choice "an alternative below a call, the first option failing late":
+    call_function operator.sub(
+        (call_function torch.relu(call_function torch.neg($y)) | call_function torch.relu($y)), $z) -> $z
+rule stale_binding "an option that binds a capture, then fails: the next starts from the bindings before it":
+    (call_function operator.sub($y, call_function torch.neg($z)) | call_function operator.sub($z, $y)) -> $y
+rule permute_lists "sequences, as a list and as positional dims":
+    (call_method permute(call_method permute($x, [$a, $b]), [$c, $d])
+     | call_method permute(call_method permute($x, $a, $b), $c, $d))
+    -> $x
+rule choice_in_order "an option bound in order, or left to the interpreter (a later option matches too)":
+    (call_function torch.sum($x, 1) | call_method sum($x, 1)) -> $x
 """
 
 PROGRAMS = compile_rules(fxrules.load_rules(RULES_DIR)).programs + compile_rules(
@@ -78,13 +94,15 @@ def compare_everywhere(gm: fx.GraphModule) -> tuple:
 def test_the_library_and_the_hand_written_rules_have_direct_matchers():
     names = {p.name for p, _ in DIRECT}
     assert {"relu_pair", "drop", "same_twice", "literal_one", "nested_methods", "in_order", "wildcard",
-            "relu_idempotent", "remove_identity", "fold_conv2d_bn"} <= names
+            "relu_idempotent", "remove_identity", "fold_conv2d_bn", "either_pair", "nested_choice", "permute_lists",
+            "choice_in_order", "stale_binding", "double_transpose", "double_permute_3d", "remove_dropout"} <= names
 
 
 @pytest.mark.parametrize("text", [
     "call_function torch.relu($x) as a, call_function torch.neg($x) as b -> a, b",  # two roots
-    "call_function torch.add(call_function torch.relu($x) | call_function torch.neg($x), $y) -> $y",  # alternatives
-    "call_function torch.cat([$a, $b], 0) -> $a",  # a sequence
+    "call_function torch.add(call_function torch.relu($x) | call_function torch.neg($x), $y) -> $y",  # commuting
+    "call_function torch.cat([$a, *$bs], 0) -> $a",  # a sequence ending in *$bs
+    "(call_function torch.relu($x) | call_function torch.sum($x, dim=1)) -> $x",  # an option with a keyword
     "call_function torch.flatten($x, ...) -> $x",  # rest
     "call_function torch.sum($x, dim=$d) -> $x",  # a keyword pattern
     "call_module Dropout{p=0.5}($x) -> $x",  # a module attribute
@@ -119,7 +137,11 @@ class Traced(nn.Module):
         t = (w / 1 + w).transpose(0, 1).transpose(0, 1)
         t = t.contiguous().contiguous(memory_format=torch.contiguous_format)  # a keyword the pattern has not
         s = torch.sum(t, 0, keepdim=True) + torch.sum(t, 1, dtype=torch.float64).float().sum()
-        return self.posing(t) - x, torch.relu(input=torch.relu(x)), w - w, torch.relu(input=w), s, torch.sum(t, 1)
+        u = torch.transpose(torch.transpose(t, 0, 1), 0, 1).transpose(1, 0).transpose(0, 1)
+        p = u.permute([1, 0]).permute([1, 0]).permute(1, 0).permute(1, 0).permute([1, 0]).permute(1, 0)
+        m = (torch.relu(torch.neg(x)) - 2) + (torch.relu(x) - 3) + (torch.relu(torch.neg(torch.relu(x))) - x)
+        return self.posing(t) - x, torch.relu(input=torch.relu(x)), w - w, torch.relu(input=w), s, torch.sum(t, 1), \
+            p, m, t.sum(1), torch.sum(t, 1, keepdim=False)
 
 
 def test_direct_matchers_answer_what_the_interpreter_answers_on_a_traced_model():
@@ -134,7 +156,19 @@ def test_direct_matchers_answer_what_the_interpreter_answers_on_a_traced_model()
     # torch.sum(t, 0, keepdim=True): the pattern's two arguments and a keyword, bound by the signature
     sum_rule = next(d for p, d in DIRECT if p.name == "sum_dim")
     sums = [n for n in gm.graph.nodes if n.target is torch.sum]
-    assert [sum_rule(n, view) is UNDECIDED for n in sums] == [True, True, False]
+    assert [sum_rule(n, view) is UNDECIDED for n in sums] == [True, True, False, True]
+    # alternatives: an option that cannot decide (a keyword) leaves the whole pattern to the interpreter,
+    # though a later option (the method) would match at another node
+    choice = next(d for p, d in DIRECT if p.name == "choice_in_order")
+    assert [choice(n, view) is UNDECIDED for n in sums] == [True, True, False, True]
+    method_sum = next(n for n in gm.graph.nodes if n.op == "call_method" and n.target == "sum" and n.args[1:] == (1,))
+    assert choice(method_sum, view) is not None and choice(method_sum, view) is not UNDECIDED
+    # options that bind differently: each match is the interpreter's (compare_everywhere), and these match
+    # (permute(x, 1, 0) against the list option, whose call is bound by the signature: left to the interpreter)
+    for name, least in (("either_pair", 3), ("permute_lists", 1), ("nested_choice", 4), ("stale_binding", 5)):
+        rule = next(d for p, d in DIRECT if p.name == name)
+        found = [n for n in gm.graph.nodes if rule(n, view) not in (None, UNDECIDED)]
+        assert len(found) >= least, (name, found)
 
 
 def test_the_rewrite_gives_the_same_result_with_and_without_direct_matchers(monkeypatch):
