@@ -663,9 +663,9 @@ def direct_matcher(program: Program) -> Optional[Callable[[fx.Node, GraphView], 
     needs to know), or :data:`UNDECIDED`. Covered: one root made of calls (module, method and function
     calls whose arguments are compared as written, or taken in order where the call has exactly the
     pattern's positional arguments and no keywords: ``PCall.in_order``), captures, ``_``, ``as`` names,
-    literals and constants, alternatives (tried in order) and sequences of these. Not covered (None):
-    more than one root, ``*$xs``, ``...``, keyword or module-attribute patterns, commuting calls,
-    named-node references, get_attr patterns."""
+    literals and constants, module attributes (``Dropout{p=0.5}``), alternatives (tried in order) and
+    sequences of these. Not covered (None): more than one root, ``*$xs``, ``...``, keyword patterns,
+    commuting calls, named-node references, get_attr patterns."""
     if len(program.roots) != 1:
         return None
     root = _direct(program.roots[0])
@@ -770,7 +770,7 @@ def _direct_sequence(pattern: PSeq) -> Optional[Callable]:
 
 
 def _direct_call(pattern: PCall) -> Optional[Callable]:
-    if pattern.attrs or pattern.kwargs or pattern.rest or pattern.commutes is not None:
+    if pattern.kwargs or pattern.rest or pattern.commutes is not None:
         return None
     if pattern.overloads and not pattern.in_order:
         return None
@@ -785,6 +785,10 @@ def _direct_call(pattern: PCall) -> Optional[Callable]:
     count = len(arguments) if arguments is not None else 0
     bound_by_signature = bool(pattern.overloads)  # in order only where the call fits it exactly
     op, targets = pattern.op, pattern.targets
+    # a module's attributes (`Dropout{p=0.5}`), read as the interpreter reads them (_Matcher.attributes)
+    attributes = tuple((name, expected, _direct(expected)) for name, expected in pattern.attrs)
+    if any(part is None for _, _, part in attributes) or (attributes and op != "call_module"):
+        return None
 
     def call(value: Any, view: GraphView, env: Bindings) -> Any:
         if type(value) is not fx.Node and not isinstance(value, fx.Node):
@@ -795,6 +799,13 @@ def _direct_call(pattern: PCall) -> Optional[Callable]:
             module = view.module_of(value.target)
             if module is None or not _module_matches_any(module, targets, view.overridden):
                 return False
+            for name, expected, part in attributes:
+                actual = getattr(module, name, _MISSING)
+                if actual is _MISSING:
+                    return False
+                found = part(_attribute_value(actual, expected), view, env)
+                if found is not True:
+                    return found
         elif op == "call_method":
             if value.target not in targets:
                 return False

@@ -45,6 +45,12 @@ rule nested_choice "an alternative below a call, the first option failing late":
         (call_function torch.relu(call_function torch.neg($y)) | call_function torch.relu($y)), $z) -> $z
 rule stale_binding "an option that binds a capture, then fails: the next starts from the bindings before it":
     (call_function operator.sub($y, call_function torch.neg($z)) | call_function operator.sub($z, $y)) -> $y
+rule drop_half "a module attribute, a literal":
+    call_module Dropout{p=0.5}($x) -> $x
+rule gelu_kind "a module attribute, captured, and a flag after it":
+    (call_module GELU{approximate=$a}($x) as r | call_module ReLU{inplace=$a}($x) as r) -> $x
+rule stored_forms "attributes as the module stores them: a bias tensor for True, (3, 3) for 3":
+    (call_module Linear{bias=True}($x) | call_module Conv2d{kernel_size=3, padding=1}($x)) -> $x
 rule permute_lists "sequences, as a list and as positional dims":
     (call_method permute(call_method permute($x, [$a, $b]), [$c, $d])
      | call_method permute(call_method permute($x, $a, $b), $c, $d))
@@ -95,7 +101,7 @@ def test_the_library_and_the_hand_written_rules_have_direct_matchers():
     names = {p.name for p, _ in DIRECT}
     assert {"relu_pair", "drop", "same_twice", "literal_one", "nested_methods", "in_order", "wildcard",
             "relu_idempotent", "remove_identity", "fold_conv2d_bn", "either_pair", "nested_choice", "permute_lists",
-            "choice_in_order", "stale_binding", "double_transpose", "double_permute_3d", "remove_dropout"} <= names
+            "choice_in_order", "stale_binding", "drop_half", "gelu_kind", "canonical_relu", "double_transpose", "double_permute_3d", "remove_dropout"} <= names
 
 
 @pytest.mark.parametrize("text", [
@@ -105,7 +111,6 @@ def test_the_library_and_the_hand_written_rules_have_direct_matchers():
     "(call_function torch.relu($x) | call_function torch.sum($x, dim=1)) -> $x",  # an option with a keyword
     "call_function torch.flatten($x, ...) -> $x",  # rest
     "call_function torch.sum($x, dim=$d) -> $x",  # a keyword pattern
-    "call_module Dropout{p=0.5}($x) -> $x",  # a module attribute
     "call_function torch.add($x, call_function torch.relu($y)) -> $y",  # commuting operands
     "call_function torch.cat([*$xs], 0) -> call_function torch.stack($xs)",  # variadic
 ])
@@ -129,6 +134,9 @@ class Traced(nn.Module):
         self.posing.__class__ = type("Sneaky", (nn.Identity,), {"forward": lambda self, x: x * 2})
         self.patched = nn.ReLU()
         self.patched.forward = lambda x: x + 1
+        self.halves = nn.Sequential(nn.Dropout(0.5), nn.Dropout(0.2), nn.GELU("tanh"), nn.GELU(), nn.ReLU(inplace=True),
+                                    nn.ReLU())
+        self.conv = nn.Conv2d(1, 1, 3, padding=1)
 
     def forward(self, x):
         y = self.relus(self.fc(x))
@@ -140,7 +148,9 @@ class Traced(nn.Module):
         u = torch.transpose(torch.transpose(t, 0, 1), 0, 1).transpose(1, 0).transpose(0, 1)
         p = u.permute([1, 0]).permute([1, 0]).permute(1, 0).permute(1, 0).permute([1, 0]).permute(1, 0)
         m = (torch.relu(torch.neg(x)) - 2) + (torch.relu(x) - 3) + (torch.relu(torch.neg(torch.relu(x))) - x)
-        return self.posing(t) - x, torch.relu(input=torch.relu(x)), w - w, torch.relu(input=w), s, torch.sum(t, 1), \
+        h = self.halves(x)
+        c = self.conv(x.reshape(1, 1, 3, 4))
+        return h, c, self.posing(t) - x, torch.relu(input=torch.relu(x)), w - w, torch.relu(input=w), s, torch.sum(t, 1), \
             p, m, t.sum(1), torch.sum(t, 1, keepdim=False)
 
 
@@ -165,7 +175,8 @@ def test_direct_matchers_answer_what_the_interpreter_answers_on_a_traced_model()
     assert choice(method_sum, view) is not None and choice(method_sum, view) is not UNDECIDED
     # options that bind differently: each match is the interpreter's (compare_everywhere), and these match
     # (permute(x, 1, 0) against the list option, whose call is bound by the signature: left to the interpreter)
-    for name, least in (("either_pair", 3), ("permute_lists", 1), ("nested_choice", 4), ("stale_binding", 5)):
+    for name, least in (("either_pair", 3), ("permute_lists", 1), ("nested_choice", 4), ("stale_binding", 5),
+                        ("drop_half", 1), ("gelu_kind", 3), ("stored_forms", 2)):
         rule = next(d for p, d in DIRECT if p.name == name)
         found = [n for n in gm.graph.nodes if rule(n, view) not in (None, UNDECIDED)]
         assert len(found) >= least, (name, found)
