@@ -15,6 +15,14 @@ Failure modes: an exception raised while verifying a rule is raised by ``verify`
 process); a worker that dies (killed, out of memory, a crash in native code) is a
 :class:`WorkerDied` naming the rule it was verifying; Ctrl-C reaches only the parent (workers
 ignore SIGINT), which stops every worker before ``KeyboardInterrupt`` goes on. Nothing hangs.
+
+While the parent waits for verdicts, Ctrl-C only sets a flag (:class:`_Interrupt`), which the loop
+reads between waits of at most :data:`POLL_SECONDS`: a ``KeyboardInterrupt`` raised at an arbitrary
+point inside ``concurrent.futures.wait`` can leave a future's lock held (``wait`` takes every pending
+future's lock in turn), and the pool's manager thread, which must take that lock to post the
+result, then blocks forever; so did the interpreter's exit, which joins it. The flag is read, the
+workers are stopped, and ``KeyboardInterrupt`` is raised from the loop itself. A caller who set a
+SIGINT handler of their own (or ignores SIGINT) keeps it: the flag replaces only Python's default.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
@@ -32,6 +41,9 @@ from fxrules.lang.runtime import entered
 
 START_METHOD = "spawn"
 """How workers start (see the module docstring)."""
+
+POLL_SECONDS = 0.2
+"""The longest the parent waits for a verdict before it looks whether Ctrl-C was pressed."""
 
 
 class WorkerDied(RuntimeError):
@@ -94,12 +106,15 @@ def verify_parallel(rule_set: RuleSet, names: Sequence[str], options, jobs: int,
                                    initializer=start_worker, initargs=(job,))
     verdicts: list = [None] * total
     processes: list = []
+    interrupt = _Interrupt()
     try:
+        interrupt.install()
         pending: dict[Future, int] = {executor.submit(verify_in_worker, name): i for i, name in enumerate(names)}
         processes = list(_processes(executor))
         done = 0
         while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            finished, _ = wait(pending, timeout=POLL_SECONDS, return_when=FIRST_COMPLETED)
+            interrupt.check()
             processes = list(_processes(executor)) or processes
             for future in sorted(finished, key=pending.__getitem__):
                 index = pending.pop(future)
@@ -107,11 +122,43 @@ def verify_parallel(rule_set: RuleSet, names: Sequence[str], options, jobs: int,
                 done += 1
                 if progress is not None:
                     progress(done, total, names[index])
+        interrupt.check()  # (pressed as the last verdict came in)
     except BaseException:
         _stop(executor, processes)
         raise
+    finally:
+        interrupt.uninstall()
     executor.shutdown(wait=True)
     return verdicts
+
+
+class _Interrupt:
+    """Ctrl-C as a flag while the parent waits (see the module docstring): :meth:`install` replaces
+    Python's default SIGINT handler (only that one, and only in the main thread, where handlers run),
+    :meth:`check` raises ``KeyboardInterrupt`` once it was pressed, :meth:`uninstall` puts the default
+    back."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self.installed = False
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._pressed)
+            self.installed = True
+
+    def _pressed(self, signum, frame) -> None:
+        self.pressed = True
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def uninstall(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.installed = False
 
 
 def _result(future: Future, name: str):

@@ -145,6 +145,56 @@ def test_a_worker_that_dies_is_reported_not_waited_for():
     assert time.monotonic() - started < 120
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").exists() or sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_while_waiting_is_a_flag_read_by_the_loop(monkeypatch):
+    """Ctrl-C pressed while the parent waits (here: as the first verdict comes in) stops the workers and
+    raises KeyboardInterrupt from the loop, not from inside concurrent.futures' locks; Python's default
+    handler is back afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    workers: list = []
+    real_processes = parallel._processes
+
+    def remembered(executor):
+        found = real_processes(executor)
+        workers.extend(p for p in found if p not in workers)
+        return found
+
+    monkeypatch.setattr(parallel, "_processes", remembered)
+    try:
+        rule_set = fxrules.load_rules(CLEANUP)
+        options = VerifyOptions(max_examples=2, seed=0, database=None)
+        pressed = []
+
+        def press(done, total, name):
+            if not pressed:
+                pressed.append(name)
+                os.kill(os.getpid(), signal.SIGINT)  # the handler only sets the flag: no exception here
+
+        with pytest.raises(KeyboardInterrupt):
+            parallel.verify_parallel(rule_set, NAMES * 4, options, 2, progress=press)
+        assert pressed and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        # every worker gone: no process running spawn_main under its pid (a zombie has no command line)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any("spawn_main" in _cmdline(w.pid) for w in workers):
+            time.sleep(0.2)
+        assert workers and not [w for w in workers if "spawn_main" in _cmdline(w.pid)], workers
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_handler_of_the_callers_own_is_kept():
+    mine = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGINT, mine)
+    try:
+        interrupt = parallel._Interrupt()
+        interrupt.install()
+        assert signal.getsignal(signal.SIGINT) is mine and not interrupt.installed
+        interrupt.uninstall()
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_broken_pool_names_the_rule():
     future: Future = Future()
     future.set_exception(BrokenProcessPool("gone"))
