@@ -215,8 +215,10 @@ def _children(pid: int) -> set:
 @pytest.mark.skipif(not Path("/proc/self/task").exists() or sys.platform != "linux", reason="reads /proc")
 @pytest.mark.slow
 def test_ctrl_c_stops_every_worker():
-    command = [sys.executable, "-m", "fxrules", "verify", str(CLEANUP), "-j", "2", "--max-examples", "500",
-               "--no-database", "-q"]
+    # -X faulthandler: a run that does not stop prints every thread's stack on SIGABRT (below), so a
+    # failure here says where the parent was stuck (it failed in three CI runs of 2026-12-06, cause unknown)
+    command = [sys.executable, "-X", "faulthandler", "-m", "fxrules", "verify", str(CLEANUP), "-j", "2",
+               "--max-examples", "500", "--no-database", "-q"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers: set = set()
     try:
@@ -227,7 +229,17 @@ def test_ctrl_c_stops_every_worker():
         assert len(workers) >= 2, _children(process.pid)
         time.sleep(3)  # inside a rule's verification
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
+        try:
+            _, err = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            children = [(c, _cmdline(c)) for c in _children(process.pid)]
+            process.send_signal(signal.SIGABRT)
+            try:
+                _, dump = process.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                dump = "(no dump within 20 s)"
+            pytest.fail(f"fxrules verify -j 2 did not stop within 60 s of Ctrl-C; children {children}; "
+                        f"its stacks:\n{dump[-12000:]}")
     finally:
         if process.poll() is None:
             process.kill()
