@@ -27,7 +27,7 @@ from torch import fx, nn
 from fxrules.engine import fxaccess
 from fxrules.engine.conditions import ConditionRaised, Evaluator, MissingMetadata
 from fxrules.lang.diagnostics import FxrulesError
-from fxrules.engine.matcher import (UNDECIDED, UNHASHABLE_INPUT, GraphView, Match, Miss, direct_matcher, input_keys,
+from fxrules.engine.matcher import (UNHASHABLE_INPUT, GraphView, Match, Miss, direct_matcher, input_keys,
                                     match_program, may_match)
 from fxrules.engine.planner import Plan, plan
 from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
@@ -312,8 +312,8 @@ class _Session:
     def match_directly(self, program: Program, node: fx.Node) -> "Match | None":
         """:meth:`try_match` without a reason for a miss (None), as the fixpoint needs it: by the program's
         direct matcher (:func:`fxrules.engine.matcher.direct_matcher`, made once per compiled rule set)
-        where it has one and it decides, else by the interpreter (errors reported as :meth:`try_match`
-        reports them)."""
+        where it has one (every single-root rule), else by the interpreter (errors reported as
+        :meth:`try_match` reports them)."""
         made = self.compiled.direct
         entry = made.get(id(program))
         if entry is None or entry[0] is not program:
@@ -321,9 +321,7 @@ class _Session:
         direct = entry[1]
         try:
             if direct is not None:
-                found = direct(node, self.view)
-                if found is not UNDECIDED:
-                    return found
+                return direct(node, self.view)
             result = match_program(program, node, self.view, explain=False)
         except (RewriteError, RewriteLoopError):
             raise

@@ -649,54 +649,56 @@ def _subclass_of_any(cls: type, targets: tuple) -> bool:
 # Direct matchers: the interpreter above, specialised to one rule's pattern
 # ---------------------------------------------------------------------------
 
-UNDECIDED = object()
-"""What a direct matcher answers for a node its specialised form does not cover (a call whose
-arguments would have to be bound to its signature): the interpreter (:func:`match_program`) decides."""
-
-
 def direct_matcher(program: Program) -> Optional[Callable[[fx.Node, GraphView], Any]]:
-    """``program``'s pattern as nested closures that do what :class:`_Matcher` does, without its
-    per-pattern dispatch or failure bookkeeping, or None when the pattern has a form they do not cover.
+    """``program``'s pattern as nested closures that do what :class:`_Matcher` does with
+    ``explain=False``, without its per-pattern dispatch or failure bookkeeping; None for a rule with
+    several roots (its other roots are searched over the graph: :func:`_match_other_root`).
 
     ``direct(node, view)`` answers the :class:`Match` :func:`match_program` would give (the same
-    bindings, in the same order), None where it gives a :class:`Miss` (no reason: the fixpoint only
-    needs to know), or :data:`UNDECIDED`. Covered: one root made of calls (module, method and function
-    calls whose arguments are compared as written, or taken in order where the call has exactly the
-    pattern's positional arguments and no keywords: ``PCall.in_order``), captures, ``_``, ``as`` names,
-    literals and constants, module attributes (``Dropout{p=0.5}``), alternatives (tried in order) and
-    sequences of these. Not covered (None): more than one root, ``*$xs``, ``...``, keyword patterns,
-    commuting calls, named-node references, get_attr patterns."""
+    bindings, in the same order), or None where it gives a :class:`Miss` (no reason: the fixpoint only
+    needs to know). Every form a single root can have is covered: module, method and function calls
+    (arguments taken in order where the call has exactly the pattern's positional arguments, else
+    bound to the target's signatures as :meth:`_Matcher.arguments` binds them, with keywords, ``...``,
+    ``*$xs`` and commuting operands), module attributes (``Dropout{p=0.5}``), captures, ``_``, ``as``
+    names and references to them, literals and constants, get_attr patterns, alternatives (tried in
+    order) and sequences.
+
+    A call's arguments are made into closures when a node first matches the call's op and target
+    (:func:`_direct_call`): the library's largest patterns have about a hundred thousand pattern
+    objects in all (named patterns expanded at each use), most of them below heads that never match."""
     if len(program.roots) != 1:
         return None
-    root = _direct(program.roots[0])
-    if root is None:
-        return None
+    root = _direct(program.roots[0], {})
 
     def direct(node: fx.Node, view: GraphView) -> Any:
         env = Bindings()
-        found = root(node, view, env)
-        if found is True:
-            return Match(program, (node,), env)
-        return None if found is False else UNDECIDED
+        if not root(node, view, env):
+            return None
+        for name, value in env.pending_refs:  # as match_program checks them, once every name is bound
+            if env.names.get(name, _MISSING) is not value:
+                return None
+        return Match(program, (node,), env)
 
     return direct
 
 
-def _direct(pattern: Any) -> Optional[Callable]:
-    """One pattern's closure ``(value, view, env) -> True | False | UNDECIDED``, or None (not covered)."""
+def _direct(pattern: Any, memo: dict) -> Callable:
+    """One pattern's closure ``(value, view, env) -> bool``: whether it matches, its bindings added
+    to ``env``. ``memo`` (id of a pattern -> (pattern, closure)) makes one closure per pattern
+    object while one call's arguments are made: its signatures bind the same pattern objects as its
+    arguments (see :func:`_direct_arguments`). No closure holds the memo."""
+    made = memo.get(id(pattern))
+    if made is not None and made[0] is pattern:
+        return made[1]
+    closure = _make_direct(pattern, memo)
+    memo[id(pattern)] = (pattern, closure)
+    return closure
+
+
+def _make_direct(pattern: Any, memo: dict) -> Callable:
     kind = type(pattern)
     if kind is PCapture:
-        name = pattern.name
-
-        def capture(value: Any, view: GraphView, env: Bindings) -> Any:
-            captures = env.captures
-            bound = captures.get(name, _MISSING)
-            if bound is _MISSING:
-                captures[name] = value
-                return True
-            return _same_value(bound, value)
-
-        return capture
+        return _direct_capture(pattern.name)
     if kind is PWildcard:
         return lambda value, view, env: True
     if kind is PLiteral:
@@ -706,91 +708,127 @@ def _direct(pattern: Any) -> Optional[Callable]:
         constant = pattern.value
         return lambda value, view, env: _same_constant(constant, value)
     if kind is PBind:
-        inner, bound_name = _direct(pattern.inner), pattern.name
-        if inner is None:
-            return None
-
-        def bind(value: Any, view: GraphView, env: Bindings) -> Any:
-            found = inner(value, view, env)
-            if found is True:
-                env.names[bound_name] = value
-            return found
-
-        return bind
+        return _direct_bind(_direct(pattern.inner, memo), pattern.name)
+    if kind is PRef:
+        return _direct_ref(pattern.name)
     if kind is PCall:
-        return _direct_call(pattern)
+        return _direct_call(pattern, memo)
     if kind is PAlt:
-        return _direct_alternatives(pattern)
+        return _direct_alternatives(tuple(_direct(option, memo) for option in pattern.options))
     if kind is PSeq:
-        return _direct_sequence(pattern)
-    return None
+        return _direct_sequence(pattern, memo)
+    if kind is PGetAttr:
+        return _direct_get_attr(pattern)
+    raise AssertionError(kind)  # as _Matcher.match: the program's compiler makes no other kind here
 
 
-def _direct_alternatives(pattern: PAlt) -> Optional[Callable]:
+def _direct_capture(name: str) -> Callable:
+    def capture(value: Any, view: GraphView, env: Bindings) -> bool:
+        captures = env.captures
+        bound = captures.get(name, _MISSING)
+        if bound is _MISSING:
+            captures[name] = value
+            return True
+        return _same_value(bound, value)
+
+    return capture
+
+
+def _direct_bind(inner: Callable, name: str) -> Callable:
+    def bind(value: Any, view: GraphView, env: Bindings) -> bool:
+        if not inner(value, view, env):
+            return False
+        env.names[name] = value
+        return True
+
+    return bind
+
+
+def _direct_ref(name: str) -> Callable:
+    """A named node used again: the same node, checked at once where the name is bound, else once the
+    whole match is (``pending_refs``, read by :func:`direct_matcher`'s ``direct``)."""
+    def ref(value: Any, view: GraphView, env: Bindings) -> bool:
+        bound = env.names.get(name, _MISSING)
+        if bound is _MISSING:
+            env.pending_refs.append((name, value))
+            return True
+        return bound is value
+
+    return ref
+
+
+def _direct_get_attr(pattern: PGetAttr) -> Callable:
+    qualname = pattern.qualname
+    capture = _direct_capture(pattern.capture) if pattern.capture is not None else None
+
+    def get_attr(value: Any, view: GraphView, env: Bindings) -> bool:
+        if not isinstance(value, fx.Node) or value.op != "get_attr":
+            return False
+        if qualname is not None and value.target != qualname:
+            return False
+        if capture is not None and not capture(value, view, env):
+            return False
+        env.attrs[value] = None
+        return True
+
+    return get_attr
+
+
+def _direct_alternatives(options: tuple) -> Callable:
     """The options tried in order, as the interpreter tries them: the bindings as they were before
-    each option (a snapshot, restored when it fails), and the first that matches wins. An option
-    that cannot decide makes the whole pattern undecided: the interpreter would reach that option
-    too (the ones before it failed for both), so it decides from there."""
-    options = tuple(_direct(option) for option in pattern.options)
-    if any(option is None for option in options):
-        return None
-
-    def alternatives(value: Any, view: GraphView, env: Bindings) -> Any:
+    each option (a snapshot, restored when it fails), and the first that matches wins."""
+    def alternatives(value: Any, view: GraphView, env: Bindings) -> bool:
         for option in options:
             state = env.snapshot()
-            found = option(value, view, env)
-            if found is not False:  # True, or UNDECIDED
-                return found
+            if option(value, view, env):
+                return True
             env.restore(state)
         return False
 
     return alternatives
 
 
-def _direct_sequence(pattern: PSeq) -> Optional[Callable]:
-    """A list or tuple of exactly the pattern's items, matched in order (a sequence ending in
-    ``*$xs`` is left to the interpreter)."""
-    if pattern.items and type(pattern.items[-1]) is PVariadic:
-        return None
-    parts = tuple(_direct(item) for item in pattern.items)
-    if any(part is None for part in parts):
-        return None
-    count = len(parts)
+def _direct_items(items: tuple, memo: dict) -> Callable:
+    """Items matched one by one against as many values (a list, a tuple or a call's positional
+    arguments, whose count the caller checked)."""
+    parts = tuple(_direct(item, memo) for item in items)
 
-    def sequence(value: Any, view: GraphView, env: Bindings) -> Any:
-        if not isinstance(value, (list, tuple)) or len(value) != count:
-            return False
-        for part, item in zip(parts, value):
-            found = part(item, view, env)
-            if found is not True:
-                return found
+    def each(values: Any, view: GraphView, env: Bindings) -> bool:
+        for part, item in zip(parts, values):
+            if not part(item, view, env):
+                return False
         return True
+
+    return each
+
+
+def _direct_sequence(pattern: PSeq, memo: dict) -> Callable:
+    """A list or tuple of exactly the pattern's items, matched in order; one ending in ``*$xs`` takes
+    at least the fixed items, and ``$xs`` binds the rest as a list (:meth:`_Matcher.variadic`)."""
+    items = pattern.items
+    variadic = bool(items) and type(items[-1]) is PVariadic
+    fixed = len(items) - 1 if variadic else len(items)
+    each = _direct_items(items[:fixed], memo)
+    tail = _direct_capture(items[-1].name) if variadic else None
+
+    def sequence(value: Any, view: GraphView, env: Bindings) -> bool:
+        if not isinstance(value, (list, tuple)):
+            return False
+        if tail is None:
+            return len(value) == fixed and each(value, view, env)
+        return len(value) >= fixed and each(value, view, env) and tail(list(value[fixed:]), view, env)
 
     return sequence
 
 
-def _direct_call(pattern: PCall) -> Optional[Callable]:
-    if pattern.kwargs or pattern.rest or pattern.commutes is not None:
-        return None
-    if pattern.overloads and not pattern.in_order:
-        return None
-    arguments = None
-    if pattern.args is not None:
-        if pattern.args and type(pattern.args[-1]) is PVariadic:
-            return None
-        parts = [_direct(p) for p in pattern.args]
-        if any(part is None for part in parts):
-            return None
-        arguments = tuple(parts)
-    count = len(arguments) if arguments is not None else 0
-    bound_by_signature = bool(pattern.overloads)  # in order only where the call fits it exactly
-    op, targets = pattern.op, pattern.targets
-    # a module's attributes (`Dropout{p=0.5}`), read as the interpreter reads them (_Matcher.attributes)
-    attributes = tuple((name, expected, _direct(expected)) for name, expected in pattern.attrs)
-    if any(part is None for _, _, part in attributes) or (attributes and op != "call_module"):
-        return None
+def _direct_call(pattern: PCall, memo: dict) -> Callable:
+    """A call: its op and target, its module's attributes (read as :meth:`_Matcher.attributes` reads
+    them), then its arguments (:func:`_direct_arguments`, made when a node first gets that far)."""
+    op, targets, has_arguments = pattern.op, pattern.targets, pattern.args is not None
+    attributes = tuple((name, expected, _direct(expected, memo)) for name, expected in pattern.attrs)
+    made: list = []  # the arguments' closure, once made
 
-    def call(value: Any, view: GraphView, env: Bindings) -> Any:
+    def call(value: Any, view: GraphView, env: Bindings) -> bool:
         if type(value) is not fx.Node and not isinstance(value, fx.Node):
             return False
         if value.op != op:
@@ -801,31 +839,114 @@ def _direct_call(pattern: PCall) -> Optional[Callable]:
                 return False
             for name, expected, part in attributes:
                 actual = getattr(module, name, _MISSING)
-                if actual is _MISSING:
+                if actual is _MISSING or not part(_attribute_value(actual, expected), view, env):
                     return False
-                found = part(_attribute_value(actual, expected), view, env)
-                if found is not True:
-                    return found
         elif op == "call_method":
             if value.target not in targets:
                 return False
         elif not _same_target(value.target, targets):
             return False
-        if arguments is not None:
-            args = value.args
-            if bound_by_signature:
-                if value.kwargs or len(args) != count:
-                    return UNDECIDED  # the interpreter binds it to the signature
-            elif len(args) != count or value.kwargs:
-                return False  # (as written: a count that differs, or a keyword the pattern has not)
-            for part, have in zip(arguments, args):
-                found = part(have, view, env)
-                if found is not True:
-                    return found
+        if has_arguments:
+            if not made:  # (a memo of its own: one shared with the caller would make a reference cycle)
+                made.append(_direct_arguments(pattern, {}))
+            if not made[0](value, view, env):
+                return False
         env.nodes[value] = None
         return True
 
     return call
+
+
+def _direct_arguments(pattern: PCall, memo: dict) -> Callable:
+    """A call's arguments as :meth:`_Matcher.arguments` compares them with ``explain=False``: in order
+    where the pattern is ``in_order`` and the call has exactly its positional arguments and no
+    keywords; else bound to the first of the pattern's signatures the call binds to (that one
+    decides; a commuting call tries its operands exchanged once); else, or with no signature, as
+    written (:func:`_direct_as_written`)."""
+    as_written = _direct_as_written(pattern, memo)
+    if not pattern.overloads:
+        return as_written
+    in_order = _direct_items(pattern.args, memo) if pattern.in_order else None
+    count = len(pattern.args)
+    # per signature: each parameter in its order, with its pattern's closure (None: not in the pattern)
+    # and its default
+    overloads = tuple(
+        (sig, tuple((param, _direct(expected[param], memo) if param in expected else None,
+                     signatures.default(sig, param)) for param in sig.parameters), expected)
+        for sig, expected in pattern.overloads)
+    rest, commutes, bind, empty = pattern.rest, pattern.commutes, signatures.bind, signatures.EMPTY
+
+    def bound(node: fx.Node, params: tuple, expected: dict, actual: dict, view: GraphView, env: Bindings) -> bool:
+        """:meth:`_Matcher.bound_arguments`."""
+        for param, want, default in params:
+            have = actual.get(param, _MISSING)
+            if want is not None:
+                if have is _MISSING:
+                    have = default
+                    if have is empty:
+                        return False
+                if not want(have, view, env):
+                    return False
+            elif have is not _MISSING and not rest:
+                if default is empty or not _same_value(default, have):
+                    return False
+        if rest:
+            env.rest = _rest(pattern, node, expected)
+        return True
+
+    def arguments(node: fx.Node, view: GraphView, env: Bindings) -> bool:
+        args, kwargs = node.args, node.kwargs
+        if in_order is not None and not kwargs and len(args) == count:
+            return in_order(args, view, env)  # binding would pair them in order (program._in_order)
+        for sig, params, expected in overloads:
+            actual = bind(sig, args, kwargs)
+            if actual is None:
+                continue
+            if commutes is None:
+                return bound(node, params, expected, actual, view, env)
+            state = env.snapshot()  # :meth:`_Matcher.commuting_arguments`
+            if bound(node, params, expected, actual, view, env):
+                return True
+            swapped = _swapped(commutes, sig, actual)
+            if swapped is None:
+                return False
+            env.restore(state)
+            return bound(node, params, expected, swapped, view, env)
+        return as_written(node, view, env)  # the call does not fit a signature: compare as written
+
+    return arguments
+
+
+def _direct_as_written(pattern: PCall, memo: dict) -> Callable:
+    """A call's arguments compared as written (:meth:`_Matcher.positional_arguments` and
+    :meth:`_Matcher.keyword_arguments`): the positional ones one by one (``*$xs`` last binds the rest
+    as a list), each keyword by name, and with ``...`` whatever else the call has, kept as ``rest``."""
+    items = pattern.args
+    variadic = bool(items) and type(items[-1]) is PVariadic
+    fixed = len(items) - 1 if variadic else len(items)
+    each = _direct_items(items[:fixed], memo)
+    tail = _direct_capture(items[-1].name) if variadic else None
+    keywords = tuple((name, _direct(p, memo)) for name, p in pattern.kwargs)
+    named = frozenset(name for name, _ in keywords)
+    rest = pattern.rest
+
+    def as_written(node: fx.Node, view: GraphView, env: Bindings) -> bool:
+        args, kwargs = node.args, node.kwargs
+        if len(args) < fixed or (tail is None and len(args) > fixed and not rest):
+            return False
+        if not each(args, view, env):
+            return False
+        if tail is not None and not tail(list(args[fixed:]), view, env):
+            return False
+        for name, part in keywords:
+            if name not in kwargs or not part(kwargs[name], view, env):
+                return False
+        if not rest:
+            return all(key in named for key in kwargs)
+        env.rest = (tuple(args[fixed:]), {k: v for k, v in kwargs.items() if k not in named})  # (no `*$xs` with `...`)
+        return True
+
+    return as_written
 
 
 def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: bool = True) -> "Match | Miss":

@@ -6,13 +6,12 @@ the fuzzer's random graphs, and check which forms get a direct matcher at all.""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import given
 from torch import fx, nn
 
 import fxrules
-from fxrules.engine.matcher import UNDECIDED, GraphView, Miss, direct_matcher, match_program
+from fxrules.engine.matcher import GraphView, Miss, direct_matcher, match_program
 from fxrules.engine.program import compile_rules
 from tests.engine.test_fuzz_engine import RULES_DIR, build, graph_specs
 
@@ -55,8 +54,44 @@ rule permute_lists "sequences, as a list and as positional dims":
     (call_method permute(call_method permute($x, [$a, $b]), [$c, $d])
      | call_method permute(call_method permute($x, $a, $b), $c, $d))
     -> $x
-rule choice_in_order "an option bound in order, or left to the interpreter (a later option matches too)":
+rule choice_in_order "an option bound in order, or by the signature (a later option matches too)":
     (call_function torch.sum($x, 1) | call_method sum($x, 1)) -> $x
+rule sum_keyword "a keyword pattern, bound by the signature":
+    call_function torch.sum($x, dim=$d) -> $x
+rule sum_keepdim "a keyword pattern and one the pattern leaves out at its default":
+    call_function torch.sum($x, $d, keepdim=True) -> $x
+rule option_keyword "an option with a keyword":
+    (call_function torch.relu($x) | call_function torch.sum($x, dim=1)) -> $x
+rule flatten_rest "`...`: whatever else the call has, kept":
+    call_function torch.flatten($x, ...) -> $x
+rule sum_rest "`...` after a positional pattern, the call bound by its signature":
+    call_function torch.sum($x, $d, ...) -> $x
+rule method_rest "`...` on a method without a signature of its own: compared as written":
+    call_method contiguous($x, ...) -> $x
+rule commuting_add "commuting operands: the written order, else exchanged":
+    call_function torch.add($x, call_function torch.relu($y)) -> $y
+rule commuting_op "an operator that commutes, a capture on both sides":
+    call_function operator.add(call_function torch.relu($x), $x) -> $x
+rule commuting_choice "an alternative below a commuting call":
+    call_function operator.mul(call_function torch.relu($x) | call_function torch.neg($x), $y) -> $y
+rule cat_variadic "a list ending in *$bs":
+    call_function torch.cat([$a, *$bs], 0) -> $a
+rule cat_all "a list that is all *$xs":
+    call_function torch.cat([*$xs], 0) -> call_function torch.stack($xs)
+rule cat_keyword "a list ending in *$bs, its dim as a keyword":
+    call_function torch.cat([$a, *$bs], dim=$d) -> $a
+rule method_variadic "*$rest in a call's arguments: the rest of them, as written":
+    call_method permute($x, 0, *$rest) -> $x
+rule weight "a get_attr pattern, captured":
+    call_function operator.add($x, get_attr $w) -> $x
+rule named_weight "a get_attr pattern by name":
+    call_function operator.mul(get_attr bias, $x) -> $x
+rule sum_not_kept "a keyword pattern that a call leaving it out meets with its default":
+    call_function torch.sum($x, $d, keepdim=False) -> $x
+rule named_twice "a named node referenced later":
+    call_function operator.sub(call_function torch.relu($x) as r, r) -> $x
+rule named_later "a reference before the name: checked once the match is complete":
+    call_function operator.sub(r, call_function torch.relu($x) as r) -> $x
 """
 
 PROGRAMS = compile_rules(fxrules.load_rules(RULES_DIR)).programs + compile_rules(
@@ -65,15 +100,12 @@ DIRECT = [(p, d) for p, d in ((p, direct_matcher(p)) for p in PROGRAMS) if d is 
 
 
 def same_answer(program, direct, node: fx.Node, view: GraphView) -> bool:
-    """Whether ``direct`` answers for ``node`` what the interpreter does; True also when it leaves it
-    to the interpreter (UNDECIDED). Returns whether it decided."""
+    """Asserts that ``direct`` answers for ``node`` what the interpreter does; returns whether it matched."""
     found = direct(node, view)
     expected = match_program(program, node, view, explain=False)
-    if found is UNDECIDED:
-        return False
     if found is None:
         assert isinstance(expected, Miss), f"{program.name} at %{node.name}: direct missed, the interpreter matched"
-        return True
+        return False
     assert not isinstance(expected, Miss), f"{program.name} at %{node.name}: direct matched, the interpreter missed"
     a, b = found.bindings, expected.bindings
     assert found.roots == expected.roots and found.program is expected.program
@@ -84,38 +116,29 @@ def same_answer(program, direct, node: fx.Node, view: GraphView) -> bool:
     return True
 
 
-def compare_everywhere(gm: fx.GraphModule) -> tuple:
-    """Every direct matcher at every node of ``gm``: (decided, matched) counts."""
+def compare_everywhere(gm: fx.GraphModule) -> dict:
+    """Every direct matcher at every node of ``gm``, each answer the interpreter's: rule -> matched nodes."""
     modules = dict(gm.named_modules())
     view = GraphView(modules.get)
-    decided = matched = 0
+    matched: dict = {}
     for node in gm.graph.nodes:
         for program, direct in DIRECT:
             if same_answer(program, direct, node, view):
-                decided += 1
-                matched += direct(node, view) is not None
-    return decided, matched
+                matched.setdefault(program.name, []).append(node)
+    return matched
 
 
-def test_the_library_and_the_hand_written_rules_have_direct_matchers():
-    names = {p.name for p, _ in DIRECT}
-    assert {"relu_pair", "drop", "same_twice", "literal_one", "nested_methods", "in_order", "wildcard",
-            "relu_idempotent", "remove_identity", "fold_conv2d_bn", "either_pair", "nested_choice", "permute_lists",
-            "choice_in_order", "stale_binding", "drop_half", "gelu_kind", "canonical_relu", "double_transpose", "double_permute_3d", "remove_dropout"} <= names
+def test_every_single_root_rule_has_a_direct_matcher():
+    """The library's rules and the hand-written ones: only a rule with several roots is left to the
+    interpreter (its other roots are searched over the graph: _match_other_root)."""
+    missing = [p.name for p in PROGRAMS if direct_matcher(p) is None]
+    assert missing == [p.name for p in PROGRAMS if len(p.roots) > 1]
+    assert len(DIRECT) >= len(PROGRAMS) - 2
 
 
-@pytest.mark.parametrize("text", [
-    "call_function torch.relu($x) as a, call_function torch.neg($x) as b -> a, b",  # two roots
-    "call_function torch.add(call_function torch.relu($x) | call_function torch.neg($x), $y) -> $y",  # commuting
-    "call_function torch.cat([$a, *$bs], 0) -> $a",  # a sequence ending in *$bs
-    "(call_function torch.relu($x) | call_function torch.sum($x, dim=1)) -> $x",  # an option with a keyword
-    "call_function torch.flatten($x, ...) -> $x",  # rest
-    "call_function torch.sum($x, dim=$d) -> $x",  # a keyword pattern
-    "call_function torch.add($x, call_function torch.relu($y)) -> $y",  # commuting operands
-    "call_function torch.cat([*$xs], 0) -> call_function torch.stack($xs)",  # variadic
-])
-def test_forms_left_to_the_interpreter_have_none(text):
-    (program,) = compile_rules(fxrules.parse_rules(text + "\n")).programs
+def test_a_rule_with_two_roots_is_left_to_the_interpreter():
+    text = "call_function torch.relu($x) as a, call_function torch.neg($x) as b -> a, b\n"
+    (program,) = compile_rules(fxrules.parse_rules(text)).programs
     assert direct_matcher(program) is None
 
 
@@ -137,6 +160,8 @@ class Traced(nn.Module):
         self.halves = nn.Sequential(nn.Dropout(0.5), nn.Dropout(0.2), nn.GELU("tanh"), nn.GELU(), nn.ReLU(inplace=True),
                                     nn.ReLU())
         self.conv = nn.Conv2d(1, 1, 3, padding=1)
+        self.bias = nn.Parameter(torch.randn(4))
+        self.scale = nn.Parameter(torch.randn(4))
 
     def forward(self, x):
         y = self.relus(self.fc(x))
@@ -150,36 +175,83 @@ class Traced(nn.Module):
         m = (torch.relu(torch.neg(x)) - 2) + (torch.relu(x) - 3) + (torch.relu(torch.neg(torch.relu(x))) - x)
         h = self.halves(x)
         c = self.conv(x.reshape(1, 1, 3, 4))
+        # keywords, `...`, *$xs, commuting operands, get_attr nodes, named-node references
+        k = torch.sum(t, dim=1) + torch.sum(t, dim=0, keepdim=False).sum() + torch.sum(t, 1, keepdim=True) \
+            + t.sum(1, keepdim=True)
+        cube = x.reshape(3, 2, 2)
+        f = torch.flatten(cube, 1).sum() + torch.flatten(x).sum() + torch.flatten(cube, start_dim=0, end_dim=-1).sum()
+        a = torch.add(x, torch.relu(w)) + torch.add(torch.relu(w), x) + torch.add(x, torch.relu(w), alpha=2)
+        o = (torch.relu(x) + x) + (x + torch.relu(x)) + torch.relu(x) * w + w * torch.neg(x) + torch.relu(x) * 2
+        c2 = torch.cat([x, w, x], 0).sum() + torch.cat([x], 0).sum() + torch.cat([x, w], dim=1).sum() \
+            + torch.cat((x, w), 1).sum() + torch.cat([x, w], 1).sum()
+        q = cube.permute(0, 2, 1).sum() + cube.permute(1, 0, 2).sum() + cube.permute([0, 2, 1]).sum()
+        g = x + self.bias + self.bias * x + x * self.bias + self.scale * x
+        r = torch.relu(x)
+        n = (r - r) + (torch.relu(x) - torch.relu(x))
         return h, c, self.posing(t) - x, torch.relu(input=torch.relu(x)), w - w, torch.relu(input=w), s, torch.sum(t, 1), \
-            p, m, t.sum(1), torch.sum(t, 1, keepdim=False)
+            p, m, t.sum(1), torch.sum(t, 1, keepdim=False), k, f, a, o, c2, q, g, n
 
 
 def test_direct_matchers_answer_what_the_interpreter_answers_on_a_traced_model():
     gm = fx.symbolic_trace(Traced().eval())
-    decided, matched = compare_everywhere(gm)
-    assert decided > 0 and matched >= 5  # relu pairs, the dropout, relu(relu(z)), w / 1, the transposes, w - w
-    # a keyword (relu(input=...)) is left to the interpreter, which binds it
-    relu_rule = next(d for p, d in DIRECT if p.name == "in_order")
+    matched = compare_everywhere(gm)  # every answer the interpreter's
     view = GraphView(dict(gm.named_modules()).get)
-    undecided = [n for n in gm.graph.nodes if n.target is torch.relu and relu_rule(n, view) is UNDECIDED]
-    assert len(undecided) >= 2
-    # torch.sum(t, 0, keepdim=True): the pattern's two arguments and a keyword, bound by the signature
-    sum_rule = next(d for p, d in DIRECT if p.name == "sum_dim")
-    sums = [n for n in gm.graph.nodes if n.target is torch.sum]
-    assert [sum_rule(n, view) is UNDECIDED for n in sums] == [True, True, False, True]
-    # alternatives: an option that cannot decide (a keyword) leaves the whole pattern to the interpreter,
-    # though a later option (the method) would match at another node
-    choice = next(d for p, d in DIRECT if p.name == "choice_in_order")
-    assert [choice(n, view) is UNDECIDED for n in sums] == [True, True, False, True]
-    method_sum = next(n for n in gm.graph.nodes if n.op == "call_method" and n.target == "sum" and n.args[1:] == (1,))
-    assert choice(method_sum, view) is not None and choice(method_sum, view) is not UNDECIDED
-    # options that bind differently: each match is the interpreter's (compare_everywhere), and these match
-    # (permute(x, 1, 0) against the list option, whose call is bound by the signature: left to the interpreter)
-    for name, least in (("either_pair", 3), ("permute_lists", 1), ("nested_choice", 4), ("stale_binding", 5),
-                        ("drop_half", 1), ("gelu_kind", 3), ("stored_forms", 2)):
+
+    def where(name: str) -> list:
         rule = next(d for p, d in DIRECT if p.name == name)
-        found = [n for n in gm.graph.nodes if rule(n, view) not in (None, UNDECIDED)]
-        assert len(found) >= least, (name, found)
+        return [n for n in gm.graph.nodes if rule(n, view) is not None]
+
+    def calls(target) -> list:
+        return [n for n in gm.graph.nodes if n.target is target]
+
+    # a keyword (relu(input=...)) bound by the signature, beside the calls taken in order
+    relus = where("in_order")
+    assert len(relus) == 6 and [n.kwargs != {} for n in relus] == [False, False, False, False, True, True]
+    # torch.sum(t, $d): a keyword the pattern leaves out must be absent or at its default; dim= binds $d
+    sums = calls(torch.sum)  # (0, keepdim=True), (1, dtype=...), (dim=1), (dim=0, keepdim=False), (1, keepdim=True),
+    #                          (1), (1, keepdim=False)
+    assert [n in where("sum_dim") for n in sums] == [False, False, True, True, False, True, True]
+    assert [n in where("sum_keyword") for n in sums] == [False, False, True, True, False, True, True]
+    assert [n in where("sum_keepdim") for n in sums] == [True, False, False, False, True, False, False]
+    assert [n in where("sum_not_kept") for n in sums] == [False, False, True, True, False, True, True]
+    assert [n in where("sum_rest") for n in sums] == [True] * 7
+    assert [n in where("choice_in_order") for n in sums] == [False, False, True, False, False, True, True]
+    method_sum = next(n for n in gm.graph.nodes if n.op == "call_method" and n.target == "sum" and n.args[1:] == (1,)
+                      and not n.kwargs)
+    assert method_sum in where("choice_in_order")
+    assert [n in where("option_keyword") for n in sums] == [False, False, True, False, False, True, True]
+    # `...` keeps what else the call has
+    flattens = calls(torch.flatten)
+    assert [n in where("flatten_rest") for n in flattens] == [True, True, True]
+    rule = next(d for p, d in DIRECT if p.name == "flatten_rest")
+    assert [rule(n, view).bindings.rest for n in flattens] == [
+        ((1,), {}), ((), {}), ((), {"start_dim": 0, "end_dim": -1})]
+    assert [n.kwargs for n in where("method_rest")] == [{}, {"memory_format": torch.contiguous_format}]
+    # commuting operands: either order for torch.add; not past a keyword the exchange must leave at its
+    # default; an operator only where an operand is known to be a number or a tensor (no metadata here)
+    adds = calls(torch.add)
+    assert [n in where("commuting_add") for n in adds] == [True, True, False]
+    assert [n.args[1].name for n in where("commuting_op")] == ["x"]  # relu(x) + x, not x + relu(x)
+    assert len(where("commuting_choice")) == 3  # relu(x) * w, w * neg(x) (w is a relu), relu(x) * 2
+    # *$bs in a list: at least the fixed items
+    cats = calls(torch.cat)  # ([x, w, x], 0), ([x], 0), ([x, w], dim=1), ((x, w), 1), ([x, w], 1)
+    assert [n in where("cat_variadic") for n in cats] == [True, True, False, False, False]
+    assert [n in where("cat_all") for n in cats] == [True, True, False, False, False]
+    assert [n in where("cat_keyword") for n in cats] == [True, True, True, True, True]
+    assert [n.args[1:] for n in where("method_variadic")] == [(0, 2, 1)]
+    # get_attr nodes: x + self.bias, self.bias * x (not x * self.bias: no metadata to commute it; not
+    # self.scale * x: another attribute)
+    assert [n.args[1].target for n in where("weight")] == ["bias"]
+    assert [n.args[0].target for n in where("named_weight")] == ["bias"]
+    # a named node referenced after (and before) it is named: the same node, not an equal one
+    assert len(where("named_twice")) == 2 and where("named_twice") == where("named_later")
+    assert all(n.args[0] is n.args[1] for n in where("named_twice"))
+    # options that bind differently
+    for name, least in (("either_pair", 3), ("permute_lists", 2), ("nested_choice", 4), ("stale_binding", 5),
+                        ("drop_half", 1), ("gelu_kind", 3), ("stored_forms", 2)):
+        assert len(where(name)) >= least, (name, where(name))
+    assert set(matched) >= {"in_order", "sum_dim", "flatten_rest", "commuting_add", "cat_variadic", "weight",
+                            "named_twice", "either_pair"}
 
 
 def test_the_rewrite_gives_the_same_result_with_and_without_direct_matchers(monkeypatch):
@@ -193,3 +265,31 @@ def test_the_rewrite_gives_the_same_result_with_and_without_direct_matchers(monk
     assert [(a.rule, a.matched, a.created, a.replaced_by) for a in first.report.applied] == \
         [(a.rule, a.matched, a.created, a.replaced_by) for a in second.report.applied]
     assert first.counts and torch.equal(first.module(x)[0], second.module(x)[0])
+
+
+def test_direct_matchers_are_freed_without_the_cyclic_collector():
+    """A direct matcher and the closures it made on first use hold no reference cycle: a rule set's
+    matchers are freed with it, leaving the collector nothing to find (see
+    tests/engine/test_speed.py::test_a_run_leaves_nothing_to_the_cyclic_collector)."""
+    import gc
+
+    gm = fx.symbolic_trace(Traced().eval())
+    view = GraphView(dict(gm.named_modules()).get)
+    programs = compile_rules(fxrules.load_rules(RULES_DIR)).programs + compile_rules(
+        fxrules.parse_rules(HAND_WRITTEN)).programs
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        matchers = [d for d in map(direct_matcher, programs) if d is not None]
+        found = sum(d(node, view) is not None for d in matchers for node in gm.graph.nodes)
+        del matchers, programs
+        gc.collect()
+        left = [o for o in gc.garbage if getattr(o, "__module__", None) == "fxrules.engine.matcher"
+                or type(o).__module__.startswith("fxrules.")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert found > 20
+    assert not left, left[:5]
