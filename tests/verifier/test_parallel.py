@@ -233,12 +233,14 @@ def test_ctrl_c_stops_every_worker():
             _, err = process.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             children = [(c, _cmdline(c)) for c in _children(process.pid)]
+            kernel = _signal_state(process.pid)  # before SIGABRT: whether SIGINT was ignored, blocked or pending
             process.send_signal(signal.SIGABRT)
             try:
                 _, dump = process.communicate(timeout=20)
             except subprocess.TimeoutExpired:
                 dump = "(no dump within 20 s)"
             pytest.fail(f"fxrules verify -j 2 did not stop within 60 s of Ctrl-C; children {children}; "
+                        f"its state: {kernel}; this test's process: {_signal_state(os.getpid())}; "
                         f"its stacks:\n{dump[-12000:]}")
     finally:
         if process.poll() is None:
@@ -252,6 +254,22 @@ def test_ctrl_c_stops_every_worker():
     assert process.returncode == 2 and "interrupted" in err, err
     time.sleep(0.5)
     assert not [w for w in workers if Path(f"/proc/{w}").exists() and "spawn_main" in _cmdline(w)]
+
+
+def _signal_state(pid: int) -> str:
+    """A process's signal masks and each thread's state and wait channel, as the kernel reports them."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        fields = [line for line in status if line.startswith(("State", "SigIgn", "SigBlk", "SigPnd", "ShdPnd", "SigCgt"))]
+        threads = []
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            stat = (task / "stat").read_text().rsplit(")", 1)[-1].split()
+            wchan = (task / "wchan").read_text() if (task / "wchan").exists() else "?"
+            blocked = next((line for line in (task / "status").read_text().splitlines() if line.startswith("SigBlk")), "")
+            threads.append(f"{task.name}:{stat[0]}:{wchan}:{blocked.split()[-1] if blocked else '?'}")
+        return "; ".join(fields + ["threads " + " ".join(threads)])
+    except OSError as exc:
+        return f"(unreadable: {exc})"
 
 
 def _cmdline(pid: int) -> str:
