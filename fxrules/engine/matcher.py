@@ -849,7 +849,13 @@ def _direct_call(pattern: PCall, memo: dict) -> Callable:
         if has_arguments:
             if not made:  # (a memo of its own: one shared with the caller would make a reference cycle)
                 made.append(_direct_arguments(pattern, {}))
-            if not made[0](value, view, env):
+            in_order, arguments = made[0]
+            args = value.args
+            if in_order is not None and len(args) == len(in_order) and not value.kwargs:
+                for part, have in zip(in_order, args):  # (inline: most calls are compared this way)
+                    if not part(have, view, env):
+                        return False
+            elif not arguments(value, view, env):
                 return False
         env.nodes[value] = None
         return True
@@ -857,17 +863,20 @@ def _direct_call(pattern: PCall, memo: dict) -> Callable:
     return call
 
 
-def _direct_arguments(pattern: PCall, memo: dict) -> Callable:
-    """A call's arguments as :meth:`_Matcher.arguments` compares them with ``explain=False``: in order
-    where the pattern is ``in_order`` and the call has exactly its positional arguments and no
-    keywords; else bound to the first of the pattern's signatures the call binds to (that one
-    decides; a commuting call tries its operands exchanged once); else, or with no signature, as
-    written (:func:`_direct_as_written`)."""
+def _direct_arguments(pattern: PCall, memo: dict) -> tuple:
+    """A call's arguments as :meth:`_Matcher.arguments` compares them with ``explain=False``:
+    ``(in_order, arguments)``. ``in_order``: the closures of the pattern's positional arguments, to
+    compare one by one with a call that has exactly as many and no keywords, where that is the
+    whole test (no signature, no keywords, ``...`` or ``*$xs`` in the pattern; or the pattern is
+    ``in_order``), else None. ``arguments(node, view, env)``: the test for every other call: bound to
+    the first of the pattern's signatures the call binds to (that one decides; a commuting call tries
+    its operands exchanged once); else, or with no signature, as written (:func:`_direct_as_written`)."""
     as_written = _direct_as_written(pattern, memo)
+    simple = not pattern.kwargs and not pattern.rest and not (pattern.args and type(pattern.args[-1]) is PVariadic)
+    in_order = tuple(_direct(p, memo) for p in pattern.args) \
+        if (pattern.in_order or (simple and not pattern.overloads)) else None
     if not pattern.overloads:
-        return as_written
-    in_order = _direct_items(pattern.args, memo) if pattern.in_order else None
-    count = len(pattern.args)
+        return in_order, as_written
     # per signature: each parameter in its order, with its pattern's closure (None: not in the pattern)
     # and its default
     overloads = tuple(
@@ -896,8 +905,6 @@ def _direct_arguments(pattern: PCall, memo: dict) -> Callable:
 
     def arguments(node: fx.Node, view: GraphView, env: Bindings) -> bool:
         args, kwargs = node.args, node.kwargs
-        if in_order is not None and not kwargs and len(args) == count:
-            return in_order(args, view, env)  # binding would pair them in order (program._in_order)
         for sig, params, expected in overloads:
             actual = bind(sig, args, kwargs)
             if actual is None:
@@ -914,7 +921,7 @@ def _direct_arguments(pattern: PCall, memo: dict) -> Callable:
             return bound(node, params, expected, swapped, view, env)
         return as_written(node, view, env)  # the call does not fit a signature: compare as written
 
-    return arguments
+    return in_order, arguments
 
 
 def _direct_as_written(pattern: PCall, memo: dict) -> Callable:
