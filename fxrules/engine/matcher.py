@@ -826,6 +826,8 @@ def _direct_call(pattern: PCall, memo: dict) -> Callable:
     them), then its arguments (:func:`_direct_arguments`, made when a node first gets that far)."""
     op, targets, has_arguments = pattern.op, pattern.targets, pattern.args is not None
     attributes = tuple((name, expected, _direct(expected, memo)) for name, expected in pattern.attrs)
+    if attributes and op != "call_module":  # (the grammar has none: the interpreter reads them off no module)
+        return lambda value, view, env: False
     made: list = []  # the arguments' closure, once made
 
     def call(value: Any, view: GraphView, env: Bindings) -> bool:
