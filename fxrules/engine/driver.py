@@ -171,8 +171,10 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
     try:
         mode = fxaccess.new_fake_mode()
 
+        shared: dict = {}  # the run's modules that compute alike share one fake copy
+
         def fake_module(module: nn.Module) -> nn.Module:
-            return fxaccess.fake_module_copy(mode, module)
+            return fxaccess.fake_module_to_run(mode, module, shared)
 
         def fake_value(value: Any) -> Any:
             return mode.from_tensor(value) if isinstance(value, torch.Tensor) else value

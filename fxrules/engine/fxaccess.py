@@ -794,6 +794,78 @@ def fake_module_copy(mode: Any, module: nn.Module) -> nn.Module:
         return copy.deepcopy(module)
 
 
+def fake_module_to_run(mode: Any, module: nn.Module, shared: dict) -> nn.Module:
+    """A fake copy of ``module`` (:func:`fake_module_copy`) to be called and nothing else, shared
+    with every module of ``shared`` that computes alike (:func:`run_signature`): propagating example
+    inputs through a model of a thousand identical blocks fakes one block's tensors, not a thousand
+    (each parameter's fake is about 0.1 ms; a third of a 5,000-node MLP's propagation).
+
+    Sound for what propagation reads of a call, the metadata of its result (shape, strides, dtype,
+    device, ``requires_grad``): a torch.nn leaf module's ``forward`` computes that from its class,
+    its attributes and its tensors' metadata, which the signature holds. What a call writes to its
+    copy's fake buffers (a batch norm's running statistics in training mode) changes no metadata.
+    ``shared``: signature -> copy, one dictionary per fake mode."""
+    key = run_signature(module)
+    if key is None:
+        return fake_module_copy(mode, module)
+    made = shared.get(key)
+    if made is None:
+        made = shared[key] = fake_module_copy(mode, module)
+    return made
+
+
+def run_signature(module: nn.Module) -> Optional[tuple]:
+    """What a call of ``module`` computes from, as a hashable value, for a module that
+    :func:`_light_fake_copy` copies and that has no submodules: its class; each attribute of its own,
+    typed (``1``, ``1.0`` and ``True`` differ), the training flag included; each parameter's and
+    buffer's kind, size, strides, offset, dtype, device, ``requires_grad`` and conjugate/negative
+    bits (dense tensors only, not subclasses). None for any other module (a container, hooks, an
+    attribute that is not immutable, a tensor of another layout): it gets a copy of its own."""
+    if not FAST:
+        return None
+    cls = type(module)
+    state = getattr(module, "__dict__", None)
+    if type(state) is not dict or not _light_class(cls) or module._modules:
+        return None
+    parts: list = [cls]
+    for key, value in state.items():
+        if key == "_parameters" or key == "_buffers":
+            if type(value) is not dict:
+                return None
+            kind = nn.Parameter if key == "_parameters" else torch.Tensor
+            for name, tensor in value.items():
+                if tensor is None:
+                    parts.append((key, name, None))
+                    continue
+                if type(tensor) is not kind or tensor.layout is not torch.strided or tensor.is_quantized:
+                    return None
+                parts.append((key, name, tuple(tensor.shape), tensor.stride(), tensor.storage_offset(),
+                              tensor.dtype, tensor.device, tensor.requires_grad, tensor.is_conj(), tensor.is_neg()))
+        elif key == "_modules":
+            continue  # (empty: a leaf)
+        elif key in _MODULE_HOOK_STORES:
+            if value or type(value) not in (dict, collections.OrderedDict):
+                return None
+        elif key == "_non_persistent_buffers_set":
+            if type(value) is not set or not all(type(name) is str for name in value):
+                return None
+            parts.append((key, frozenset(value)))
+        else:
+            typed = _typed(value)
+            if typed is None:
+                return None
+            parts.append((key, typed))
+    return tuple(parts)
+
+
+def _typed(value: Any) -> Optional[tuple]:
+    """An immutable attribute (:func:`_immutable`) with the type of every item beside it, or None."""
+    if type(value) is tuple:
+        items = [_typed(item) for item in value]
+        return None if any(item is None for item in items) else (tuple, tuple(items))
+    return (type(value), value) if type(value) in _IMMUTABLE_ATOMS else None
+
+
 _MODULE_HOOK_STORES = frozenset({
     "_backward_pre_hooks", "_backward_hooks", "_forward_hooks", "_forward_hooks_with_kwargs",
     "_forward_hooks_always_called", "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_state_dict_hooks",

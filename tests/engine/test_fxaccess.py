@@ -838,3 +838,116 @@ def test_example_inputs_give_the_same_values_with_direct_fake_copies(monkeypatch
     fast, public = _both_paths(monkeypatch, run)
     assert fast == public
     assert sum(1 for _, val in fast if isinstance(val, tuple) and val[:1] == ("tensor",)) > 5
+
+
+# -- one fake copy per kind of module, for propagation (fake_module_to_run) ------------------------
+
+
+def _transposed_weight() -> nn.Module:
+    module = nn.Linear(4, 4)
+    module.weight = nn.Parameter(module.weight.detach().t().contiguous().t())  # the same shape, other strides
+    return module
+
+
+def _signature_pairs():
+    """(a, b, whether their calls compute alike) for run_signature."""
+    return [
+        (lambda: nn.Linear(3, 2), lambda: nn.Linear(3, 2), True),  # other values, the same metadata
+        (lambda: nn.Linear(3, 2), lambda: nn.Linear(3, 2, bias=False), False),
+        (lambda: nn.Linear(3, 2), lambda: nn.Linear(2, 3), False),
+        (lambda: nn.Linear(4, 4), _transposed_weight, False),  # strides
+        (lambda: nn.Linear(3, 2), lambda: nn.Linear(3, 2).requires_grad_(False), False),
+        (lambda: nn.Linear(3, 2), lambda: nn.Linear(3, 2).double(), False),
+        (lambda: nn.BatchNorm1d(3), lambda: nn.BatchNorm1d(3).eval(), False),  # the training flag
+        (lambda: nn.Flatten(1), lambda: nn.Flatten(True), False),  # 1 and True: typed
+        (lambda: nn.Softmax(1), lambda: nn.Softmax(1.0), False),
+        (lambda: nn.Softmax(1), lambda: nn.Softmax(1), True),
+        (lambda: nn.Upsample(scale_factor=(2.0, 2.0)), lambda: nn.Upsample(scale_factor=(2.0, 3.0)), False),
+        (lambda: nn.GELU("tanh"), lambda: nn.GELU("none"), False),
+        (lambda: nn.ReLU(), lambda: nn.ReLU6(), False),  # the class
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_signature_pairs())))
+def test_run_signatures_tell_apart_what_a_call_computes_from(index):
+    make_a, make_b, alike = _signature_pairs()[index]
+    a, b = make_a(), make_b()
+    sa, sb = fxaccess.run_signature(a), fxaccess.run_signature(b)
+    assert sa is not None and sb is not None
+    assert hash(sa) is not None
+    assert (sa == sb) is alike
+
+
+@pytest.mark.parametrize("name", sorted(DEEP) + ["container", "leaf_with_hook", "subclass_parameter"])
+def test_a_module_with_no_run_signature_gets_a_copy_of_its_own(name):
+    if name == "container":
+        module = nn.Sequential(nn.Linear(2, 2))
+    elif name == "leaf_with_hook":
+        module = nn.Linear(2, 2)
+        module.register_forward_pre_hook(lambda m, args: None)
+    elif name == "subclass_parameter":
+        module = nn.Linear(2, 2)
+        module._parameters["weight"] = nn.parameter.UninitializedParameter()
+    else:
+        module = seeded(DEEP[name])
+    assert fxaccess.run_signature(module) is None
+    mode, shared = fxaccess.new_fake_mode(), {}
+    first, second = (fxaccess.fake_module_to_run(mode, module, shared) for _ in range(2))
+    assert first is not second and not shared
+
+
+class _Blocks(nn.Module):
+    """Identical blocks, and modules that differ from them in one fact each."""
+
+    def __init__(self):
+        super().__init__()
+        self.same = nn.ModuleList([nn.Linear(4, 4) for _ in range(6)])
+        self.frozen = nn.Linear(4, 4).requires_grad_(False)
+        self.strided = _transposed_weight()
+        self.norm_train, self.norm_eval = nn.BatchNorm1d(4), nn.BatchNorm1d(4).eval()
+        self.wide = nn.Linear(4, 8)
+        self.wide64 = nn.Linear(4, 4).double()
+        self.flat1, self.flat2 = nn.Flatten(1), nn.Flatten(2)
+
+    def forward(self, x):
+        for layer in self.same:
+            x = torch.relu(layer(x))
+        y = self.strided(x) + self.frozen(x) + self.frozen(x.detach())
+        y = self.norm_train(y) + self.norm_eval(y)
+        z = self.wide64(y.double()).float()
+        return self.wide(z + y), self.flat1(x.unsqueeze(2).unsqueeze(3)), self.flat2(x.unsqueeze(2).unsqueeze(3))
+
+
+def test_propagation_shares_one_fake_copy_per_kind_of_module_and_gives_the_same_values(monkeypatch):
+    """meta['val'] of every node is what a copy per module gives; the six identical Linears share one
+    copy, and each module that differs in one fact (requires_grad, strides, training, width, dtype, an
+    attribute) gets its own; the model is left as it was (a train-mode norm ran on a fake copy)."""
+    x = torch.randn(3, 4)
+    rules = fxrules.parse_rules("call_module Dropout($x) -> $x")
+    made = []
+    copy_one = fxaccess.fake_module_copy
+
+    def counting(mode, module):
+        made.append(module)
+        return copy_one(mode, module)
+
+    monkeypatch.setattr(fxaccess, "fake_module_copy", counting)
+
+    def values(model):
+        result = fxrules.apply_rules(model, rules, example_inputs=(x,))
+        return [(n.name, _described(n.meta.get("val"))) for n in result.module.graph.nodes]
+
+    model = seeded(_Blocks)
+    before = _snapshot(model)
+    shared = values(model)
+    assert _same_snapshot(before, _snapshot(model))
+    copies_shared = len(made)
+    made.clear()
+    monkeypatch.setattr(fxaccess, "run_signature", lambda module: None)
+    own = values(seeded(_Blocks))
+    assert shared == own
+    # 14 modules called (`frozen` twice): a copy per module unshared; shared, the six `same` make one
+    assert len(made) == 14
+    assert copies_shared == 14 - 5
+    tensors = [v for v in dict(shared).values() if isinstance(v, tuple) and v[:1] == ("tensor",)]
+    assert any(v[4] == torch.float64 for v in tensors) and any(v[3] == (3, 8) for v in tensors)
