@@ -79,7 +79,8 @@ def apply_rules(model, rules, *, example_inputs=None, max_iterations=None, trace
 
     ``inplace=True`` (a GraphModule only; ModelError otherwise): the GraphModule itself is rewritten
     and recompiled, as torch.fx passes do, and is the result's ``module``: no copy of the graph, no new
-    module tree (faster, less memory), modules the rewrite left unused deleted from it. It is still
+    module tree (faster, less memory), modules the rewrite left unused deleted from it; a run that
+    rewrites nothing does not recompile (the graph is the one the code was written from). It is still
     all or nothing: every edit is journaled first, and on any error, a KeyboardInterrupt included,
     the journal puts the module back exactly as it was (nodes, names, arguments, metadata, submodules,
     parameters, buffers, code). The report is the one a copying run gives. See docs/api.md.

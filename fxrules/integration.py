@@ -57,7 +57,8 @@ class RulePass(PassBase):
 
     ``call(graph_module)`` rewrites ``graph_module`` in place, as torch.fx passes do
     (``apply_rules(..., inplace=True)``: no copy of the graph, no new module tree) and returns
-    ``PassResult(graph_module, modified)``, ``modified`` being True when at least one rule fired.
+    ``PassResult(graph_module, modified)``, ``modified`` being True when at least one rule fired
+    (when none did, the module is not recompiled either).
     It is still all or nothing: errors (:class:`fxrules.RewriteError`, :class:`fxrules.ModelError`,
     ...) propagate with the module rolled back exactly as it was. Each run's :class:`fxrules.Report`
     is appended to ``reports``.

@@ -639,3 +639,44 @@ def test_a_module_a_get_attr_still_reads_inside_keeps_only_what_is_read():
     with torch.no_grad():
         assert_close(gm(x), model(x))
         assert_close(copying.module(x), model(x))
+
+
+class _Refusable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        inner = torch.relu(self.fc(x))
+        return self.drop(torch.relu(inner) + inner)  # relu(relu(x)) whose inner relu is used outside
+
+
+@pytest.mark.parametrize("with_inputs", [False, True])
+def test_a_run_that_rewrites_nothing_leaves_the_module_uncompiled(with_inputs, monkeypatch):
+    """Nothing rewritten (a rule that never matches, and a match refused): no recompile; the module's
+    code, its class's forward and its nodes stay the objects they were. With example inputs the nodes
+    keep the values the run wrote. A run that rewrites recompiles once."""
+    gm = fx.symbolic_trace(seeded(_Refusable).eval())
+    x = randn(2, 4)
+    inputs = (x,) if with_inputs else None
+    forward, code, nodes = type(gm).forward, gm.code, list(gm.graph.nodes)
+    recompiles = []
+    real = fx.GraphModule.recompile
+    monkeypatch.setattr(fx.GraphModule, "recompile", lambda self: recompiles.append(self) or real(self))
+    rules = fxrules.parse_rules("""
+rule never "" [exact]:
+    call_function torch.sigmoid(call_function torch.sigmoid($x)) -> $x
+rule relu_twice "" [exact]:
+    call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)
+""")
+    result = fxrules.apply_rules(gm, rules, example_inputs=inputs, inplace=True)
+    assert not result.report.applied and result.module is gm
+    assert [r.code for r in result.report.rejected] == ["interior-used-outside"]
+    assert recompiles == [] and type(gm).forward is forward and gm.code == code and list(gm.graph.nodes) == nodes
+    assert all(("val" in n.meta) is with_inputs for n in gm.graph.nodes if n.op != "output")
+    expected = gm(x)
+    dropout = fxrules.load_rules(RULES_DIR).select(names=["remove_dropout"])
+    assert fxrules.apply_rules(gm, dropout, example_inputs=inputs, inplace=True).report.applied
+    assert recompiles == [gm] and "drop" not in gm.code and type(gm).forward is not forward
+    assert_close(gm(x), expected, rtol=0, atol=0)
