@@ -36,3 +36,17 @@ def test_goal_cells_say_whether_the_ratio_meets_the_bound():
     assert run._goal(1.2, 1.0, 1.15, False) == "1.20x MISS"
     assert run._goal(1.1, 1.0, 1.15, False) == "1.10x ok"
     assert run._goal(None, 1.0, 1.0, True) == "-"
+
+
+def test_the_inputs_benchmark_times_each_case_and_counts_its_rewrites(capsys):
+    from benchmarks import inputs
+
+    inputs.main(["--workloads", "relu_relu:300,dropout:300", "--repeat", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| relu") or
+            line.startswith("| dropout")]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert all(float(c) > 0 for c in cells[2:6])
+        copying, with_inputs, in_place, nothing = (int(n) for n in cells[6].split("/"))
+        assert copying == with_inputs == in_place > 0 and nothing == 0
