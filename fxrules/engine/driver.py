@@ -171,7 +171,7 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
     try:
         mode = fxaccess.new_fake_mode()
 
-        shared: dict = {}  # the run's modules that compute alike share one fake copy
+        shared = work.fake_runs(mode)  # the run's modules that compute alike share one fake copy
 
         def fake_module(module: nn.Module) -> nn.Module:
             return fxaccess.fake_module_to_run(mode, module, shared)

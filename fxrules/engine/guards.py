@@ -167,12 +167,13 @@ class DryRun(ReplacementValues):
         return self.modules[id(item)]
 
     def fake_call(self, item: RCall, module: Optional[nn.Module], args: tuple, kwargs: dict) -> Any:
-        """The call on fake tensors; a module is called as a fake copy (its state changes nowhere)."""
+        """The call on fake tensors; a module is called as a fake copy (its state changes nowhere), one
+        per kind of module for the run (a thousand folded conv+bn modules of one shape: one copy)."""
         mode = self.mode
         if mode is None:
             raise RuntimeError("the graph's values are not fake tensors")
         if module is not None:
-            module = fxaccess.fake_module_copy(mode, module)
+            module = fxaccess.fake_module_to_run(mode, module, self.work.fake_runs(mode))
         with mode:
             args, kwargs = fxaccess.to_fake(mode, args), fxaccess.to_fake(mode, kwargs)
             return _function(item, module, args)(*_rest(item, args), **kwargs)

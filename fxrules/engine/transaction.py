@@ -274,6 +274,7 @@ class Workpiece:
         # tensors); torch.export records meta['val'] without it. Set by the driver.
         self.tracks_grad = False
         self._fake_mode: Any = _NOT_LOOKED_UP
+        self._fake_runs: Optional[tuple] = None  # (a fake mode, signature -> fake module copy): fake_runs
         self._node_names: dict = {}  # (op, target) -> the base name torch gives such a node
         self.changed: set = set()  # nodes the rewrite created or rewired: what commit checks
         # module_of(target): the module a call_module target names, one the rewrite made (take_name adds
@@ -329,6 +330,15 @@ class Workpiece:
                     break
             self._fake_mode = mode
         return self._fake_mode
+
+    def fake_runs(self, mode: Any) -> dict:
+        """The fake copies of modules this run calls on ``mode``'s tensors (metadata propagation, the
+        guards' dry runs), one per kind of module (:func:`fxrules.engine.fxaccess.fake_module_to_run`):
+        a dictionary kept for the run, a new one for another mode."""
+        held = self._fake_runs
+        if held is None or held[0] is not mode:
+            held = self._fake_runs = (mode, {})
+        return held[1]
 
     @property
     def modules(self) -> dict:
@@ -457,7 +467,7 @@ class Workpiece:
             effects.close()
         self.effects = None
         self.journal = UNRECORDED
-        self._lookup = self._modules = self._callers = self._attr_readers = self._taken = None
+        self._lookup = self._modules = self._callers = self._attr_readers = self._taken = self._fake_runs = None
         self.module_of = _NO_MODULES.get
 
     # -- commit ----------------------------------------------------------------

@@ -951,3 +951,51 @@ def test_propagation_shares_one_fake_copy_per_kind_of_module_and_gives_the_same_
     assert copies_shared == 14 - 5
     tensors = [v for v in dict(shared).values() if isinstance(v, tuple) and v[:1] == ("tensor",)]
     assert any(v[4] == torch.float64 for v in tensors) and any(v[3] == (3, 8) for v in tensors)
+
+
+class _ConvBnBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)) for _ in range(4)])
+        self.other = nn.Sequential(nn.Conv2d(4, 6, 1), nn.BatchNorm2d(6))  # another shape: its own copy
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.other(x)
+
+
+def test_the_guards_dry_runs_share_the_fake_copies_of_built_modules_alike(monkeypatch):
+    """Folding conv+bn with example inputs: each fold's new module runs on fake tensors (the guards' dry
+    run). The four folded modules of one shape share one fake copy, with the propagation's copies in the
+    same run; the new nodes' meta['val'] and the report are what a copy per module gives."""
+    rules = fxrules.parse_rules("""
+rule fold "" [approx]:
+    call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn where not bn.training
+    -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)
+""")
+    x = torch.randn(2, 4, 5, 5)
+    made = []
+    copy_one = fxaccess.fake_module_copy
+
+    def counting(mode, module):
+        made.append(type(module).__name__)
+        return copy_one(mode, module)
+
+    monkeypatch.setattr(fxaccess, "fake_module_copy", counting)
+
+    def run():
+        made.clear()
+        result = fxrules.apply_rules(seeded(_ConvBnBlocks).eval(), rules, example_inputs=(x,))
+        assert result.counts["fold"] == 5
+        return [(n.name, _described(n.meta.get("val"))) for n in result.module.graph.nodes], list(made)
+
+    shared, shared_made = run()
+    monkeypatch.setattr(fxaccess, "run_signature", lambda module: None)
+    own, own_made = run()
+    assert shared == own
+    # a copy per module: 10 modules propagated, 5 folded modules dry-run (each a Conv2d). Shared: one
+    # per kind propagated (two shapes of each class), and the folded convs are Conv2d modules of the
+    # convs' own kind (class, attributes, tensor metadata): they run on the propagation's copies
+    assert sorted(own_made) == sorted(["Conv2d"] * 10 + ["BatchNorm2d"] * 5)
+    assert sorted(shared_made) == sorted(["Conv2d"] * 2 + ["BatchNorm2d"] * 2)
