@@ -844,10 +844,10 @@ def run_signature(module: nn.Module) -> Optional[tuple]:
         elif key == "_modules":
             continue  # (empty: a leaf)
         elif key in _MODULE_HOOK_STORES:
-            if value or type(value) not in (dict, collections.OrderedDict):
+            if not _no_hooks(value):
                 return None
         elif key == "_non_persistent_buffers_set":
-            if type(value) is not set or not all(type(name) is str for name in value):
+            if not _names(value):
                 return None
             parts.append((key, frozenset(value)))
         else:
@@ -856,6 +856,17 @@ def run_signature(module: nn.Module) -> Optional[tuple]:
                 return None
             parts.append((key, typed))
     return tuple(parts)
+
+
+def _no_hooks(store: Any) -> bool:
+    """A module's hook dictionary as ``nn.Module.__init__`` makes it, and empty (the condition of a
+    light copy, :func:`_light_fake_copy`, and of a run signature, :func:`run_signature`)."""
+    return not store and type(store) in (dict, collections.OrderedDict)
+
+
+def _names(value: Any) -> bool:
+    """A module's ``_non_persistent_buffers_set`` as torch keeps it: a set of strings."""
+    return type(value) is set and all(type(name) is str for name in value)
 
 
 def _typed(value: Any) -> Optional[tuple]:
@@ -960,11 +971,11 @@ def _light_fake_copy(mode: Any, module: nn.Module, memo: dict) -> Optional[nn.Mo
                 return None
             state[key] = items
         elif key in _MODULE_HOOK_STORES:
-            if value or type(value) not in (dict, collections.OrderedDict):
+            if not _no_hooks(value):
                 return None
             state[key] = type(value)()
         elif key == "_non_persistent_buffers_set":
-            if type(value) is not set or not all(type(name) is str for name in value):
+            if not _names(value):
                 return None
             state[key] = set(value)
         elif _immutable(value):
