@@ -63,3 +63,17 @@ def _cross_check_the_code_writer():
         yield
     finally:
         codegen.python_code = _write_python_code
+
+
+# -- rule sets checked once per text (fxrules.lang.load.CHECKED) ----------------------------------
+#
+# parse_rules and load_rules give the RuleSet checked before from the same text and policy. Each
+# test starts with none kept, so one that patches the checker or the compiler sees its own rules
+# checked and compiled (tests/lang/test_load_memo.py tests the keeping itself).
+
+
+@pytest.fixture(autouse=True)
+def _no_rule_sets_kept_from_other_tests():
+    from fxrules.lang.load import CHECKED
+
+    CHECKED.clear()

@@ -47,6 +47,6 @@ def test_the_inputs_benchmark_times_each_case_and_counts_its_rewrites(capsys):
     assert len(rows) == 2
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert all(float(c) > 0 for c in cells[2:6])
-        copying, with_inputs, in_place, nothing = (int(n) for n in cells[6].split("/"))
-        assert copying == with_inputs == in_place > 0 and nothing == 0
+        assert all(float(c) > 0 for c in cells[2:7])
+        copying, from_file, with_inputs, in_place, nothing = (int(n) for n in cells[7].split("/"))
+        assert copying == from_file == with_inputs == in_place > 0 and nothing == 0

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import warnings
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Iterable, Mapping, Optional, Sequence, Union
 
@@ -133,11 +135,85 @@ def analyze(sources: Iterable[Source], resolver: Resolver) -> tuple[RuleSet, lis
 
 
 def load_sources(sources: Iterable[Source], resolver: Resolver) -> RuleSet:
-    sources = list(sources)
+    """The checked RuleSet of ``sources``; raises :class:`RuleFileError` listing every error. Sources
+    checked before under the same policy give the same RuleSet again (:data:`CHECKED`)."""
+    return _checked(list(sources), resolver, [])
+
+
+class CheckedRuleSets:
+    """The rule sets this process checked, by what they were checked from: the sources (each file's
+    path and text, in order) and the import policy. ``apply_rules(model, "rules.fxr")`` in a loop then
+    reads the file each call, and parses, checks and compiles it only when its text changed: the
+    engine's compiled matcher is kept per RuleSet object (:func:`fxrules.engine.program.compile_rules`),
+    so it is reused with it. Parsing, checking and compiling 50 rules costs a quarter of what rewriting
+    a 2,000-node graph with them does, and 500 rules more than the rewrite.
+
+    The key is the text itself, not a modification time: an edit is seen whatever the clock or the
+    file system's time resolution. Only rule sets that name nothing outside torch, operator, math,
+    builtins and fxrules are kept (an import policy without user packages): a user's builder or
+    predicate module can be reloaded (``importlib.reload``) while its name stays, and a kept rule set
+    would go on calling the old function. Failed checks are not kept, nor rule sets of more than
+    :attr:`MAX_TEXT` characters. At most :attr:`SIZE` rule sets, the least recently used dropped
+    first. Safe to share between threads. :meth:`clear` forgets all."""
+
+    SIZE = 32
+    MAX_TEXT = 4 * 1024 * 1024
+    """Rule sets checked from more text than this (in characters, all files together; the bundled
+    library is about 130,000) are not kept: what is kept stays alive, and a process checking large
+    untrusted files would otherwise hold 32 of them."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def key(self, sources: Sequence[Source], resolver: Resolver) -> Optional[tuple]:
+        """What a rule set is kept under, or None when it is not kept (user packages allowed, or
+        more than :attr:`MAX_TEXT` of text)."""
+        if resolver.packages or sum(len(source.text) for source in sources) > self.MAX_TEXT:
+            return None
+        return tuple(sources), resolver.allow_imports
+
+    def get(self, key: tuple) -> Optional[RuleSet]:
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+            return found
+
+    def put(self, key: tuple, rule_set: RuleSet) -> None:
+        with self._lock:
+            self._kept[key] = rule_set
+            self._kept.move_to_end(key)
+            while len(self._kept) > self.SIZE:
+                self._kept.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+CHECKED = CheckedRuleSets()
+"""The process's :class:`CheckedRuleSets`, used by :func:`load_sources` and :func:`load_paths` (so by
+``load_rules``, ``parse_rules`` and ``apply_rules`` given paths)."""
+
+
+def _checked(sources: list[Source], resolver: Resolver, found: list[Diagnostic]) -> RuleSet:
+    """The RuleSet of ``sources`` (kept ones reused), or RuleFileError with ``found`` (problems met
+    before checking: unreadable files) and every error the check finds."""
+    key = CHECKED.key(sources, resolver) if not found else None
+    if key is not None:
+        kept = CHECKED.get(key)
+        if kept is not None:
+            return kept
     rule_set, diagnostics = analyze(sources, resolver)
-    errors = [d for d in diagnostics if d.severity == ERROR]
+    errors = found + [d for d in diagnostics if d.severity == ERROR]
     if errors:
         raise RuleFileError(errors, {s.path: s.text for s in sources})
+    if key is not None:
+        CHECKED.put(key, rule_set)
     return rule_set
 
 
@@ -185,14 +261,11 @@ def load_paths(paths: Iterable[PathLike], resolver: Resolver, configs: Optional[
     """Read, parse and check the rule files at ``paths`` (files or directories); raise on any error.
 
     Every file is checked, even when another one could not be read: the
-    :class:`RuleFileError` lists every problem found.
+    :class:`RuleFileError` lists every problem found. Files read with the same text as before, under
+    the same policy, give the RuleSet checked then (:data:`CHECKED`).
     """
     sources, diagnostics = read_sources(paths, configs, exclude)
-    rule_set, found = analyze(sources, resolver)
-    errors = diagnostics + [d for d in found if d.severity == ERROR]
-    if errors:
-        raise RuleFileError(errors, {s.path: s.text for s in sources})
-    return rule_set
+    return _checked(sources, resolver, diagnostics)
 
 
 def load_project(paths: Iterable[PathLike], allow_imports: Iterable[str] = (), config: ConfigLike = None

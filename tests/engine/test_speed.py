@@ -130,10 +130,13 @@ def _summary(result: fxrules.RewriteResult) -> tuple:
 
 
 def _without_pre_check(monkeypatch) -> None:
-    """Rules compiled from now on have no pre-check: every candidate node is matched in full."""
+    """Rules compiled from now on have no pre-check: every candidate node is matched in full (the rule
+    sets checked before are forgotten: parse_rules would give them again, compiled already)."""
     import fxrules.engine.program as program
+    from fxrules.lang.load import CHECKED
 
     monkeypatch.setattr(program, "_requires", lambda root: ())
+    CHECKED.clear()
 
 
 def test_the_pre_check_changes_no_result(monkeypatch):

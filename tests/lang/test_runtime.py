@@ -20,6 +20,7 @@ from torch import nn
 import fxrules
 import fxrules.engine.program as program
 from fxrules.lang import runtime
+from fxrules.lang.load import CHECKED
 
 RULE = "rule r:\n    call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)\n"
 
@@ -148,7 +149,10 @@ def test_a_second_apply_reuses_the_compiled_rules(monkeypatch):
     fxrules.apply_rules(Twice(), rules)
     assert len(compiled) == 1
     assert program.compile_rules(rules) is program.compile_rules(rules)
-    again = fxrules.parse_rules(RULE)  # equal rules, another object: compiled for itself
+    assert fxrules.parse_rules(RULE) is rules  # the same text: the rule set checked then (load.CHECKED)
+    CHECKED.clear()
+    again = fxrules.parse_rules(RULE)  # checked again: equal rules, another object, compiled for itself
+    assert again is not rules
     assert program.compile_rules(again) is not program.compile_rules(rules)
     assert len(compiled) == 2
     assert not hasattr(rules, "cache") and not hasattr(rules, "__dict__")  # nothing written into it
@@ -161,6 +165,7 @@ def test_the_memo_keeps_no_rule_set_alive():
     assert rules in program._compiled
     before = len(program._compiled)
     ref = weakref.ref(rules)
+    CHECKED.clear()  # (which keeps the last rule sets checked, for parse_rules of the same text)
     del rules
     gc.collect()
     assert ref() is None
