@@ -83,9 +83,10 @@ def _dims_of(module: object, table: tuple[tuple[type, int], ...]) -> Optional[in
 
 def _check_plain(module: nn.Module, role: str) -> None:
     """Refuse modules whose behaviour a fold would silently change or could not copy."""
-    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters(recurse=False)) or any(
-        isinstance(b, nn.parameter.UninitializedBuffer) for b in module.buffers(recurse=False)
-    ):
+    # (the module's own tensors from its dictionaries, fxaccess.own_parameters/own_buffers: the
+    # generators of parameters()/buffers() cost a sixth of a fold)
+    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in fxaccess.own_parameters(module).values()) \
+            or any(isinstance(b, nn.parameter.UninitializedBuffer) for b in fxaccess.own_buffers(module).values()):
         raise BuilderError(
             f"cannot fold: the {role} ({_type_name(module)}) is a lazy module that has not been "
             "initialised yet; run it once on an input first"
@@ -119,8 +120,8 @@ def _check_bn(bn: nn.Module, role: str = "batch norm") -> None:
 
 
 def _check_same_device(first: nn.Module, second: nn.Module, what: str) -> None:
-    devices = {t.device for t in (*first.parameters(recurse=False), *first.buffers(recurse=False))}
-    devices |= {t.device for t in (*second.parameters(recurse=False), *second.buffers(recurse=False))}
+    devices = {t.device for module in (first, second)
+               for own in (fxaccess.own_parameters(module), fxaccess.own_buffers(module)) for t in own.values()}
     if len(devices) > 1:
         listed = ", ".join(sorted(str(d) for d in devices))
         raise BuilderError(f"cannot fold {what}: the modules' tensors are on different devices ({listed})")
@@ -132,11 +133,36 @@ def _check_finite(what: str, tensors: dict) -> None:
     instead of scaling its result: an infinite or NaN factor, or a product that overflows the dtype
     (a huge batch-norm weight), makes every output of the channel inf or NaN where the original, which
     scales after summing, is finite or another inf. A model with such parameters is left as it is."""
-    for name, tensor in tensors.items():
-        if tensor is not None and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+    floating = [(name, t) for name, t in tensors.items() if t is not None and t.is_floating_point()]
+    if _all_finite([t for _, t in floating]):
+        return
+    for name, tensor in floating:  # the first that is not, named
+        if not bool(torch.isfinite(tensor).all()):
             raise BuilderError(f"cannot fold {what}: {name} is not finite (inf or NaN, or the folded value "
                                f"overflows {str(tensor.dtype).removeprefix('torch.')}), and the folded model "
                                f"would not compute the same values")
+
+
+_FUSED_CHECK_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+_FUSED_CHECK_MAX_VALUES = 1 << 16
+
+
+def _all_finite(tensors: list) -> bool:
+    """Whether every value of ``tensors`` is finite. For a fold's usual tensors (a few small ones) in one
+    pass: their values concatenated, then one ``isfinite`` and one ``all``, three operator calls where
+    three per tensor cost 65 us of a 178 us fold (small tensors cost their calls, not their values).
+    Concatenating promotes to a dtype that holds every value exactly (float16 with bfloat16 gives
+    float32, float64 with any of them float64), so an inf or a NaN stays one and no finite value
+    becomes one. Tensors on several devices, of other dtypes (float8 kinds do not promote) or layouts
+    (sparse), or of more than :data:`_FUSED_CHECK_MAX_VALUES` values together (copying them would cost
+    more than the calls) are asked one by one."""
+    if not tensors:
+        return True
+    if len(tensors) > 1 and all(t.dtype in _FUSED_CHECK_DTYPES and t.layout is torch.strided for t in tensors) \
+            and len({t.device for t in tensors}) == 1 and sum(t.numel() for t in tensors) <= _FUSED_CHECK_MAX_VALUES:
+        with torch.no_grad():
+            return bool(torch.isfinite(torch.cat([t.reshape(-1) for t in tensors])).all())
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 def _bn_affine(bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:

@@ -587,3 +587,69 @@ def test_the_fold_copy_is_a_deep_copy_but_for_the_replaced_tensors(make) -> None
         assert torch.equal(ours(x), module(x))
     ours.weight = nn.Parameter(torch.zeros_like(module.weight))
     assert not torch.equal(module.weight, ours.weight)  # replacing the copy's weight leaves the original's
+
+
+# -- the finiteness check, asked once for a fold's small tensors (builders._all_finite) ---------------
+
+_BAD = (float("inf"), float("-inf"), float("nan"))
+
+
+@pytest.mark.parametrize("bad", _BAD)
+@pytest.mark.parametrize("dtypes", [(torch.float32,) * 4, (torch.float16, torch.bfloat16, torch.float32, torch.float64),
+                                    (torch.bfloat16,) * 4])
+def test_the_finiteness_check_finds_a_bad_value_in_any_tensor_and_names_the_first(bad, dtypes):
+    for where in range(len(dtypes)):
+        tensors = [torch.randn(3, 2, dtype=dtype) for dtype in dtypes]
+        assert builders._all_finite(tensors)
+        tensors[where].view(-1)[4] = bad
+        assert not builders._all_finite(tensors)
+        named = {f"t{i}": t for i, t in enumerate(tensors)}
+        with pytest.raises(BuilderError, match=f"t{where} is not finite"):
+            builders._check_finite("x into y", named)
+        tensors[-1].view(-1)[0] = float("nan")  # a later one too: the first is named
+        with pytest.raises(BuilderError, match=f"t{where} is not finite"):
+            builders._check_finite("x into y", {f"t{i}": t for i, t in enumerate(tensors)})
+
+
+def test_the_finiteness_check_keeps_every_finite_value_finite_across_dtypes():
+    """Concatenated, the values take a dtype that holds each exactly: 3e38 in bfloat16 beside float16
+    values is finite (float16 would make it inf), and so is 1e300 in float64 beside float32."""
+    assert builders._all_finite([torch.ones(3, dtype=torch.float16), torch.full((2,), 3e38, dtype=torch.bfloat16)])
+    assert builders._all_finite([torch.ones(3, dtype=torch.float32), torch.full((2,), 1e300, dtype=torch.float64)])
+    assert builders._all_finite([torch.full((2,), 60000.0, dtype=torch.float16), torch.ones(2, dtype=torch.bfloat16)])
+    assert not builders._all_finite([torch.ones(3, dtype=torch.float16), torch.full((2,), float("inf"),
+                                                                                    dtype=torch.bfloat16)])
+
+
+def test_the_finiteness_check_of_large_tensors_is_asked_one_by_one(monkeypatch):
+    big = torch.zeros(builders._FUSED_CHECK_MAX_VALUES + 1)
+    small = torch.zeros(3)
+    asked: list = []
+    real = torch.isfinite
+    monkeypatch.setattr(torch, "isfinite", lambda t: asked.append(t.numel()) or real(t))
+    assert builders._all_finite([big, small]) and asked == [big.numel(), 3]
+    asked.clear()
+    assert builders._all_finite([small, small]) and asked == [6]  # one call for both
+    big[-1] = float("nan")
+    asked.clear()
+    assert not builders._all_finite([small, big])
+    asked.clear()
+    assert builders._all_finite([]) and builders._all_finite([small]) and asked == [3]
+
+
+def test_folds_with_a_non_finite_parameter_decline_naming_it():
+    conv, bn = nn.Conv2d(3, 4, 3, bias=True), nn.BatchNorm2d(4).eval()
+    for tensor, name in ((conv.bias, "the convolution's bias"), (bn.running_var, "the running variance"),
+                         (bn.weight, "the batch norm's weight")):
+        with torch.no_grad():
+            saved = tensor.clone()
+            tensor[1] = float("nan")
+        with pytest.raises(BuilderError, match=f"{name} is not finite"):
+            fold_conv_bn(conv, bn)
+        with torch.no_grad():
+            tensor.copy_(saved)
+    with torch.no_grad():
+        bn.weight[2] = 3e38  # finite, but the folded weight overflows float32
+        conv.weight.fill_(10.0)
+    with pytest.raises(BuilderError, match="the folded weight is not finite"):
+        fold_conv_bn(conv, bn)
