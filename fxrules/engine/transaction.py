@@ -701,10 +701,8 @@ def _container(module: nn.Module, path: str, made_at: dict, originals: dict, tar
         if child is None:
             if fxaccess.holds_non_module(parent, item):
                 raise ModelError(f"cannot place `{target}`: `{item}` on its path is not a module")
-            child = nn.Module()
             original = originals.get(walked)
-            if original is not None:
-                child.training = original.training
+            child = fxaccess.new_container(original.training if original is not None else True)
             fxaccess.put_child(parent, item, child)
             made_at[walked] = child
         parent = child

@@ -333,6 +333,32 @@ def test_a_copying_run_s_result_holds_none_of_its_erased_nodes():
     assert all(r() in model.graph._graph_namespace._obj_to_name for r in dropped)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_a_new_container_is_what_nn_module_makes(training):
+    """The fast container has nn.Module()'s instance dictionary: the same names in the same order, each
+    value of the same type and equal, none shared with another container; and it works as one."""
+    made = [fxaccess.new_container_fast(training), fxaccess.new_container_public(training),
+            fxaccess.new_container(training)]
+    reference = nn.Module()
+    reference.training = training
+    for module in made:
+        assert type(module) is nn.Module
+        assert list(vars(module)) == list(vars(reference))
+        assert all(type(value) is type(vars(reference)[key]) and value == vars(reference)[key]
+                   for key, value in vars(module).items())
+    fast, other = made[0], fxaccess.new_container_fast(training)
+    assert not {id(v) for v in vars(fast).values() if isinstance(v, (dict, set))} & \
+        {id(v) for v in vars(other).values() if isinstance(v, (dict, set))}
+    fast.add_module("lin", nn.Linear(2, 2))
+    fast.register_forward_hook(lambda *args: None)
+    assert fast.training is training and len(fast._forward_hooks) == 1
+    assert not other._modules and not other._forward_hooks  # nothing shared with another container
+    assert list(fast.state_dict()) == ["lin.weight", "lin.bias"]
+    copied = copy.deepcopy(fast)
+    assert list(copied.state_dict()) == ["lin.weight", "lin.bias"] and copied.training is training
+    assert fast.eval().training is False and fast.lin.training is False
+
+
 def test_erase_node_keeps_erase_node_s_errors_and_hooks():
     gm = traced(zoo.mlp)
     seen = []
