@@ -599,8 +599,7 @@ def storage_key(tensor: torch.Tensor) -> Any:
     """What identifies ``tensor``'s storage: its device and data pointer, or the storage object for
     tensors without data (meta, fake)."""
     try:
-        storage = tensor.untyped_storage()
-        pointer = storage.data_ptr()
+        pointer = fxaccess.storage_address(tensor)
     except Exception:
         return ("tensor", id(tensor))
     if pointer:

@@ -180,7 +180,7 @@ def copy_codegen(codegen: Any) -> Any:
 
 
 _NO_KWARGS = torch.fx.immutable_collections.immutable_dict()
-"""The keywords of every copied node that has none, one object for all: ``Node._update_args_kwargs`` keeps an
+"""The keywords of every node without any that the engine copies or creates, one object for all: ``Node._update_args_kwargs`` keeps an
 ``immutable_dict`` it is given as it is (a plain dict it converts, one new object per node), and nothing
 writes to one (torch's edits give a node new keywords, never change its own). The copy allocates one
 object less per node, and the cyclic collector has one object less per node to walk."""
@@ -223,7 +223,7 @@ def create_node_fast(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs:
             base_names[key] = base
     namespace = graph._graph_namespace
     name = codegen.unique_name(namespace, base, None)
-    node = fx.Node(graph, name, op, target, args, kwargs)
+    node = fx.Node(graph, name, op, target, args, kwargs if kwargs else _NO_KWARGS)
     namespace.associate_name_with_obj(name, node)
     graph._insert(node)
     graph._find_nodes_lookup_table.insert(node)
@@ -1232,17 +1232,37 @@ allocation budget (:mod:`fxrules.engine.budget`) counts what each op allocates w
 equivalent."""
 
 
+def storage_key_fast(tensor: torch.Tensor) -> int:
+    return _STORAGE_ID(tensor)
+
+
+def storage_key_public(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+_STORAGE_ID = torch._C._storage_id if FAST else None
+"""The address of a tensor's storage (``StorageImpl``), as ``untyped_storage()._cdata`` gives it (a test holds
+the two to the same answers and errors on dense, view, meta, fake, quantized, nested, sparse and storage-less
+tensors), without the Python storage object. ``untyped_storage()`` makes one, and torch then keeps it for as
+long as the storage lives (its Python object is preserved): asked of a model's parameters, it left a
+collector-tracked object on each of the caller's tensors and each of the result's new ones (five per
+conv+bn fold)."""
+
+
 def storage_key(tensor: torch.Tensor) -> int:
     """An identity of ``tensor``'s storage, shared by its views, for fake and real tensors alike
     (a fake tensor's data pointer is 0). Valid while the storage lives."""
-    return tensor.untyped_storage()._cdata
+    return storage_key_fast(tensor) if FAST else storage_key_public(tensor)
 
 
 def storage_keys(tensors: Any) -> set:
     """The :func:`storage_key` of each tensor of ``tensors``, leaving out a tensor without a storage of
     its own (a sparse tensor, which raises when asked for it)."""
     try:
-        return {tensor.untyped_storage()._cdata for tensor in tensors}  # storage_key, written out: per fold
+        if FAST:  # storage_key_fast, written out: per fold
+            storage_id = _STORAGE_ID
+            return {storage_id(tensor) for tensor in tensors}
+        return {storage_key_public(tensor) for tensor in tensors}
     except Exception:
         keys = set()
         for tensor in tensors:
@@ -1251,6 +1271,27 @@ def storage_keys(tensors: Any) -> set:
             except Exception:
                 continue
         return keys
+
+
+def storage_address_fast(tensor: torch.Tensor) -> int:
+    return _DATA_ADDRESS(tensor)
+
+
+def storage_address_public(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+_DATA_ADDRESS = torch._C._data_address if FAST else None
+"""The data pointer of a tensor's storage (not of the tensor: a view's offset is not added), as
+``untyped_storage().data_ptr()`` gives it, without the Python storage object (see :data:`_STORAGE_ID`). One
+difference: a tensor subclass without a storage gives 0 where the public path raises; both mean "no
+address" to :func:`fxrules.engine.aliasing.storage_key`."""
+
+
+def storage_address(tensor: torch.Tensor) -> int:
+    """The address of the first byte of ``tensor``'s storage (0 for storage without data: meta, fake, empty);
+    raises for a tensor without a strided storage (sparse)."""
+    return storage_address_fast(tensor) if FAST else storage_address_public(tensor)
 
 
 def fake_cannot_size(exc: BaseException) -> bool:

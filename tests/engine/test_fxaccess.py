@@ -19,7 +19,7 @@ from torch import fx, nn
 
 import fxrules
 from fxrules import zoo
-from fxrules.engine import fxaccess
+from fxrules.engine import aliasing, fxaccess
 
 
 def seeded(build, seed: int = 0):
@@ -357,6 +357,100 @@ def test_a_new_container_is_what_nn_module_makes(training):
     copied = copy.deepcopy(fast)
     assert list(copied.state_dict()) == ["lin.weight", "lin.bias"] and copied.training is training
     assert fast.eval().training is False and fast.lin.training is False
+
+
+class _NoStorage(torch.Tensor):
+    """A tensor subclass with no storage of its own (as wrapper subclasses are)."""
+
+    @staticmethod
+    def __new__(cls, like):
+        return torch.Tensor._make_wrapper_subclass(cls, like.shape, dtype=like.dtype)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError(str(func))
+
+
+def _tensor_kinds() -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    base = torch.randn(10)
+    with FakeTensorMode():
+        fake = torch.empty(3)
+    with warnings.catch_warnings():  # (nested, quantized and CSR tensors warn that they are beta or deprecated)
+        warnings.simplefilter("ignore")
+        return {"dense": base, "view": base[3:], "empty view": base[10:], "empty": torch.empty(0),
+                "parameter": nn.Parameter(torch.randn(2)), "meta": torch.empty(3, device="meta"), "fake": fake,
+                "quantized": torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8),
+                "nested": torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]),
+                "complex view": torch.randn(4, dtype=torch.cfloat)[1:], "sparse": torch.randn(3, 3).to_sparse(),
+                "csr": torch.randn(3, 3).to_sparse_csr(), "no storage": _NoStorage(torch.randn(3))}
+
+
+def _answer(function, tensor):
+    try:
+        return function(tensor)
+    except Exception as exc:
+        return type(exc)
+
+
+def test_storage_keys_and_addresses_agree_without_making_storage_objects():
+    """The storage identity and data address read without the Python storage object give what
+    ``untyped_storage()`` gives (its errors too), on every kind of tensor; the one difference, a
+    subclass without storage, means "no address" to aliasing.storage_key either way. The fast paths
+    leave no storage object behind; the public ones leave one per storage, kept as long as the tensor."""
+    import gc
+
+    kinds = _tensor_kinds()
+    for name, tensor in kinds.items():
+        assert _answer(fxaccess.storage_key_fast, tensor) == _answer(fxaccess.storage_key_public, tensor), name
+        with warnings.catch_warnings(record=True) as seen:  # the public path warns for a fake tensor
+            warnings.simplefilter("always")
+            fast = _answer(fxaccess.storage_address_fast, tensor)
+            assert not seen, name  # the fast path never does
+            public = _answer(fxaccess.storage_address_public, tensor)
+        assert fast == public or (name == "no storage" and fast == 0 and public is RuntimeError), name
+        assert aliasing.storage_key(tensor) == (("tensor", id(tensor)) if not fast or isinstance(fast, type)
+                                                else (str(tensor.device), fast)), name
+    assert fxaccess.storage_key(kinds["view"]) == fxaccess.storage_key(kinds["dense"])
+    assert fxaccess.storage_address(kinds["view"]) == fxaccess.storage_address(kinds["dense"]) \
+        == kinds["dense"].data_ptr() != kinds["view"].data_ptr()
+    assert fxaccess.storage_keys([kinds["dense"], kinds["sparse"], kinds["view"], kinds["parameter"]]) == \
+        {fxaccess.storage_key(kinds["dense"]), fxaccess.storage_key(kinds["parameter"])}
+
+    def storages() -> int:
+        gc.collect()
+        return sum(type(o) is torch.UntypedStorage for o in gc.get_objects())
+
+    fresh = [torch.randn(3) for _ in range(50)]
+    before = storages()
+    for tensor in fresh:
+        fxaccess.storage_key_fast(tensor), fxaccess.storage_address_fast(tensor)
+    fxaccess.storage_keys(fresh)
+    if fxaccess.FAST:
+        [aliasing.storage_key(tensor) for tensor in fresh]
+    assert storages() == before
+    for tensor in fresh:
+        fxaccess.storage_key_public(tensor)
+    assert storages() == before + 50
+
+
+def test_folding_leaves_no_storage_objects_on_the_models_tensors():
+    """A conv+bn fold (builder checks, aliasing keys, the planner's writes) adds no Python storage object to
+    the caller's tensors or the result's, copying or in place."""
+    import gc
+
+    rules = fxrules.load_rules(fxrules.LIBRARY / "fold")
+    for inplace in (False, True):
+        model = traced(zoo.resnet)
+        x = torch.randn(2, 3, 16, 16)
+        expected = model(x)
+        gc.collect()
+        before = sum(type(o) is torch.UntypedStorage for o in gc.get_objects())
+        result = fxrules.apply_rules(model, rules, inplace=inplace)
+        gc.collect()
+        assert sum(type(o) is torch.UntypedStorage for o in gc.get_objects()) == before
+        assert result.report.counts and torch.allclose(result.module(x), expected, atol=1e-5)
 
 
 def test_erase_node_keeps_erase_node_s_errors_and_hooks():
