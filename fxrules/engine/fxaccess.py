@@ -275,32 +275,6 @@ def _to_none(node: fx.Node) -> None:
     return None
 
 
-def forget_erased_fast(graph: fx.Graph, nodes: list) -> None:
-    """Take the erased ones of ``nodes`` out of ``graph``'s name table's map from objects to names
-    (``_Namespace._obj_to_name``); their names stay given out (``_used_names``), so no later node takes
-    one. ``Graph.erase_node`` leaves an erased node in that map, which then holds it, its metadata (its
-    fake value, say) and its dictionaries for as long as the graph lives, and each later collection of
-    the cyclic collector walks them. Only the node's own entry is read there: ``create_name`` asks the
-    map for the object it is naming, and torch names nodes with no object."""
-    names = graph._graph_namespace._obj_to_name
-    for node in nodes:
-        if node._erased:
-            names.pop(node, None)
-
-
-def forget_erased_public(graph: fx.Graph, nodes: list) -> None:
-    """Nothing: the public API cannot reach the name table; the erased nodes stay in it, as torch leaves them."""
-
-
-def forget_erased(graph: fx.Graph, nodes: list) -> None:
-    """Let ``graph`` stop holding the erased ones of ``nodes`` (where the fast path can: a graph this run
-    made, whose erased nodes no one else has seen)."""
-    if FAST:
-        forget_erased_fast(graph, nodes)
-    else:
-        forget_erased_public(graph, nodes)
-
-
 def erase_node_public(graph: fx.Graph, node: fx.Node) -> None:
     graph.erase_node(node)
 

@@ -287,10 +287,6 @@ class Workpiece:
         # guards.output_aliased's (graph, (output node, its args), outputs, their storage keys, their values),
         # kept between matches
         self.output_storages: Optional[tuple] = None
-        # A copy's erased nodes, for commit to take out of the copy's name table (fxaccess.forget_erased);
-        # None for the caller's own graph, whose table keeps them as torch's edits do (and the journal
-        # restores it as it was)
-        self.gone: Optional[list] = [] if journal is UNRECORDED else None
 
     # -- creating nodes ----------------------------------------------------------
     def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
@@ -417,8 +413,6 @@ class Workpiece:
 
     def erased(self, node: fx.Node) -> None:
         self.effects.node_erased(node)
-        if self.gone is not None:
-            self.gone.append(node)
         if self._stride_readers is not None and guards.is_stride_reader(node):
             self._stride_readers -= 1
         if self._callers is None:
@@ -473,7 +467,6 @@ class Workpiece:
             effects.close()
         self.effects = None
         self.journal = UNRECORDED
-        self.gone = None
         self._lookup = self._modules = self._callers = self._attr_readers = self._taken = self._fake_runs = None
         self.module_of = _NO_MODULES.get
 
@@ -498,9 +491,6 @@ class Workpiece:
         # lacks the modules this run created; the new GraphModule below becomes its owner.
         fxaccess.release_owner(self.graph)
         self.check_changed()
-        if self.gone:  # the result's graph holds only its own nodes (the erased ones go with this run)
-            fxaccess.forget_erased(self.graph, self.gone)
-            self.gone = []
         root: dict = {}
         for node in self.graph.nodes:
             if node.op == "call_module":

@@ -277,62 +277,6 @@ def test_erase_node_agrees(name):
     assert results[0][:2] == (_node_facts(gm.graph), gm.graph.python_code("self").src)
 
 
-def test_forgetting_erased_nodes_keeps_their_names_given_out():
-    """forget_erased takes erased nodes (and only those) out of the map from objects to names; a node
-    made afterwards is named as it would have been had they stayed, and nothing holds them any more."""
-    import gc
-    import weakref
-
-    names = []
-    for forget in (fxaccess.forget_erased_fast, fxaccess.forget_erased_public, None):
-        graph = fxaccess.copy_graph_public(traced(zoo.mlp).graph)
-        gone = [n for n in graph.nodes if n.op == "call_module"][-2:]
-        for node in gone:
-            node.replace_all_uses_with(node.args[0])
-            fxaccess.erase_node_fast(graph, node)
-        live = next(n for n in graph.nodes if n.op == "call_module")
-        mapped = graph._graph_namespace._obj_to_name
-        if forget is not None:
-            forget(graph, gone + [live])  # a live node handed in stays mapped
-        assert mapped[live] == live.name
-        assert all((node in mapped) is (forget is not fxaccess.forget_erased_fast) for node in gone)
-        with graph.inserting_before(next(iter(graph.find_nodes(op="output")))):
-            made = [graph.call_module(gone[0].target, (live,)), graph.call_function(torch.relu, (live,))]
-        names.append(([n.name for n in made], [n.name for n in gone]))
-        if forget is fxaccess.forget_erased_fast:
-            refs = [weakref.ref(n) for n in gone]
-            del gone, node
-            gc.collect()
-            assert [r() for r in refs] == [None, None]
-    assert names[0] == names[1] == names[2]
-    assert not set(names[0][0]) & set(names[0][1])  # the erased names stay taken
-
-
-def test_a_copying_run_s_result_holds_none_of_its_erased_nodes():
-    """The copy a run rewrites keeps no erased node alive in its name table (so neither their
-    metadata, fake values included): every node the result's graph maps to a name is one of its own."""
-    import gc
-    import weakref
-
-    model = traced(lambda: nn.Sequential(nn.Linear(4, 4), nn.Dropout(), nn.ReLU(), nn.Dropout(), nn.Linear(4, 2)))
-    rules = fxrules.parse_rules("call_module Dropout($x) -> $x\n")
-    x = torch.randn(3, 4)
-    result = fxrules.apply_rules(model, rules, example_inputs=(x,))
-    graph = result.module.graph
-    assert result.report.counts and len(graph.nodes) == len(model.graph.nodes) - 2
-    assert set(graph._graph_namespace._obj_to_name) == set(graph.nodes)
-    assert {"_1", "_3"} <= graph._graph_namespace._used_names  # the erased dropouts' names stay taken
-    assert torch.equal(result.module(x), model(x))
-    assert all(n in model.graph._graph_namespace._obj_to_name for n in model.graph.nodes)  # the input untouched
-    dropped = [weakref.ref(n) for n in model.graph.nodes if n.op == "call_module" and "Dropout" in repr(
-        model.get_submodule(n.target))]
-    assert len(dropped) == 2
-    gc.collect()
-    again = fxrules.apply_rules(model, rules, inplace=True)  # in place: erased as torch erases, kept in the table
-    assert again.module is model and all(r() is not None and r()._erased for r in dropped)
-    assert all(r() in model.graph._graph_namespace._obj_to_name for r in dropped)
-
-
 @pytest.mark.parametrize("training", [True, False])
 def test_a_new_container_is_what_nn_module_makes(training):
     """The fast container has nn.Module()'s instance dictionary: the same names in the same order, each
