@@ -180,10 +180,11 @@ def copy_codegen(codegen: Any) -> Any:
 
 
 _NO_KWARGS = torch.fx.immutable_collections.immutable_dict()
-"""The keywords of every node without any that the engine copies or creates, one object for all: ``Node._update_args_kwargs`` keeps an
-``immutable_dict`` it is given as it is (a plain dict it converts, one new object per node), and nothing
-writes to one (torch's edits give a node new keywords, never change its own). The copy allocates one
-object less per node, and the cyclic collector has one object less per node to walk."""
+"""The keywords of every node without any that the engine copies or creates, one object for all:
+``Node._update_args_kwargs`` keeps an ``immutable_dict`` it is given as it is (a plain dict it converts,
+one new object per node), and nothing writes to one (every mutating method raises; torch's edits give a
+node new keywords, never change its own). The copy allocates one object less per node, and the cyclic
+collector has one object less per node to walk."""
 
 _TABLE = torch.fx.graph._FindNodesLookupTable if FAST else None
 _TABLE_METHODS = (_TABLE.insert, _TABLE._key) if FAST else None
