@@ -1,19 +1,18 @@
 """The rewrite driver: prepare a workpiece, rewrite to a fixpoint with a worklist, commit.
 
 Priority, when matches overlap: rule order first, then graph order. Candidates
-sit in a heap keyed by (rule index, node position); the first candidate whose
-match passes its conditions and the planner's checks is rewritten, and the
-nodes the rewrite touched (new nodes, users of replaced nodes up to the
-deepest pattern's depth, inputs that lost users) go back on the heap. The
-whole graph is scanned once; afterwards only touched nodes are revisited.
+are taken by (rule index, node position) from a :class:`~fxrules.engine.worklist.Worklist`;
+the first candidate whose match passes its conditions and the planner's checks is
+rewritten, and the nodes the rewrite touched (new nodes, users of replaced nodes up
+to the deepest pattern's depth, inputs that lost users) go back on it. The whole
+graph is scanned once; afterwards only touched nodes are revisited.
 
-The run stops when the heap is empty (a fixpoint: no rule applies anywhere) or
+The run stops when the worklist is empty (a fixpoint: no rule applies anywhere) or
 raises :class:`RewriteLoopError` after ``max_iterations`` rewrites.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 import time
@@ -37,6 +36,7 @@ from fxrules.lang.ruleset import RuleSet
 from fxrules.engine.budget import Budget, RealRunGuard, Unsized
 from fxrules.engine.errors import AllocationRefused, ModelError, RewriteError, RewriteLoopError
 from fxrules.engine.transaction import Journal, Workpiece, apply_match, copy_graph, refusal_before_edit
+from fxrules.engine.worklist import Worklist
 
 
 # ---------------------------------------------------------------------------
@@ -347,12 +347,12 @@ class _Session:
 
     # -- the fixpoint ------------------------------------------------------------
     def rewrite(self, max_iterations: int) -> tuple[list[Applied], list[Rejected]]:
-        heap: list = []
+        worklist = Worklist()
         queued: set = set()
         counter = itertools.count()
         module_of = self.work.module_of
 
-        def push(node: fx.Node, programs: tuple) -> None:
+        def push(node: fx.Node, programs: tuple, add) -> None:
             keys = None
             for program in programs:
                 index = program.rule.index
@@ -375,18 +375,23 @@ class _Session:
                     elif not may_match(program, node, module_of, keys):  # (it finds the keys if it needs them)
                         continue
                 queued.add(key)
-                heapq.heappush(heap, (index, sort_key(node), next(counter), node, program))
+                add((index, sort_key(node), next(counter), node, program))
 
         sort_key = fxaccess.sort_key
         scan = self.compiled.scan
-        for node, programs in scan(self.work.graph.nodes, module_of):
-            push(node, programs)
+        add_first, add = worklist.add_first, worklist.add
+        for node, programs in scan(self.work.graph.nodes, module_of):  # graph order: each rule's in order
+            push(node, programs, add_first)
+        pop = worklist.pop
         applied: list[Applied] = []
         rejected: dict = {}
         recent: list[Program] = []  # the program of each rewrite, for a loop's error
         effects = self.work.effects
-        while heap:
-            _, _, _, node, program = heapq.heappop(heap)
+        while True:
+            entry = pop()
+            if entry is None:
+                break
+            _, _, _, node, program = entry
             queued.discard((program.rule.index, node))
             if node.graph is None or fxaccess.erased(node):
                 continue
@@ -425,7 +430,7 @@ class _Session:
                     + ". A rule set must not contain rules that undo each other (A -> B with B -> A) or grow the "
                       "graph forever", names)
             for n, programs in scan(self._revisit(touched), module_of):  # the nodes some rule roots on
-                push(n, programs)
+                push(n, programs, add)
         return applied, list(rejected.values())
 
     def _revisit(self, touched: Iterable[fx.Node]) -> set:
