@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 from torch import fx, nn
@@ -352,7 +352,7 @@ class _Session:
         counter = itertools.count()
         module_of = self.work.module_of
 
-        def push(node: fx.Node, programs: tuple, add) -> None:
+        def push(node: fx.Node, programs: tuple, add: Callable[[tuple], None]) -> None:
             keys = None
             for program in programs:
                 index = program.rule.index
@@ -387,10 +387,7 @@ class _Session:
         rejected: dict = {}
         recent: list[Program] = []  # the program of each rewrite, for a loop's error
         effects = self.work.effects
-        while True:
-            entry = pop()
-            if entry is None:
-                break
+        while (entry := pop()) is not None:
             _, _, _, node, program = entry
             queued.discard((program.rule.index, node))
             if node.graph is None or fxaccess.erased(node):
