@@ -4,7 +4,7 @@ Rule files are untrusted input. A deny-list over torch cannot be complete (torch
 public functions that spawn processes, execute strings, read files, load native
 libraries, change global state), so every name a rule file uses must be on a table
 generated from torch's own lists of tensor functions (``scripts/gen_allowlist.py``,
-data in :mod:`fxrules.lang.allowlist_data`, with the torch version it was made from),
+data in ``fxrules/lang/allowlist.json``, with the torch version it was made from),
 minus everything with an effect outside its outputs. The decision is a pure lookup on
 the full dotted path as written (aliases expanded): nothing is imported, nothing is
 resolved, so ``use torch._C as c`` or a private-module alias of a public function is
@@ -22,24 +22,32 @@ import re
 from typing import Iterable, Optional
 
 import fxrules.lang.ast as A
-from fxrules.lang import allowlist_data as _data
+from fxrules.lang import packaged
 
-TORCH_VERSION = _data.TORCH_VERSION
+TABLE_FILE = "allowlist.json"
+"""The table's file in ``fxrules/lang`` (:mod:`fxrules.lang.packaged`): each name below is one of its
+keys in lower case, an array of dotted paths (names, for methods and ops)."""
+
+_data = packaged.read_json(TABLE_FILE)
+
+TORCH_VERSION: str = _data["torch_version"]
 """The torch version the table was generated from."""
 
-FUNCTIONS = _data.FUNCTIONS
-MATCH_ONLY_FUNCTIONS = _data.MATCH_ONLY_FUNCTIONS
-TENSOR_METHODS = _data.TENSOR_METHODS
-CONSTANTS = _data.CONSTANTS
-MODULE_TYPES = _data.MODULE_TYPES
-BUILDERS = _data.BUILDERS
-OPERATORS: dict[str, frozenset] = {"aten": _data.ATEN_OPS, "prims": _data.PRIMS_OPS}
+FUNCTIONS = frozenset(_data["functions"])
+MATCH_ONLY_FUNCTIONS = frozenset(_data["match_only_functions"])
+TENSOR_METHODS = frozenset(_data["tensor_methods"])
+CONSTANTS = frozenset(_data["constants"])
+MODULE_TYPES = frozenset(_data["module_types"])
+BUILDERS = frozenset(_data["builders"])
+OPERATORS: dict[str, frozenset] = {"aten": frozenset(_data["aten_ops"]), "prims": frozenset(_data["prims_ops"])}
 """Op names of torch's operator namespaces (``torch.ops.aten.NAME[.OVERLOAD]``)."""
 
-RANDOM_FUNCTIONS = _data.RANDOM_FUNCTIONS
-RANDOM_METHODS = _data.RANDOM_METHODS
-RANDOM_MODULE_TYPES = _data.RANDOM_MODULE_TYPES
-RANDOM_OPERATORS: dict[str, frozenset] = {"aten": _data.RANDOM_ATEN_OPS, "prims": _data.RANDOM_PRIMS_OPS}
+RANDOM_FUNCTIONS = frozenset(_data["random_functions"])
+RANDOM_METHODS = frozenset(_data["random_methods"])
+RANDOM_MODULE_TYPES = frozenset(_data["random_module_types"])
+RANDOM_OPERATORS: dict[str, frozenset] = {"aten": frozenset(_data["random_aten_ops"]),
+                                          "prims": frozenset(_data["random_prims_ops"])}
+del _data
 """Flags on the table: the names that draw random numbers (ops tagged ``nondeterministic_seeded`` by
 torch, functions and methods of their names, reviewed additions; ``scripts/gen_allowlist.py``). Rules
 may name them everywhere the table allows; an ``[exact]``/``[approx]`` replacement may not introduce

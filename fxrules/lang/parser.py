@@ -26,6 +26,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Optional
 
 import fxrules.lang.ast as A
+from fxrules.lang import packaged
 from fxrules.lang.diagnostics import Diagnostic, RuleFileError
 from fxrules.lang.reductions import Reductions, reduction
 from fxrules.lang.source import Source
@@ -328,7 +329,7 @@ class Tables(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def tables() -> Tables:
-    """The tables :func:`parse_direct` runs on: the shipped ones (:mod:`fxrules.lang.parse_tables`,
+    """The tables :func:`parse_direct` runs on: the shipped ones (``fxrules/lang/parse_tables.json``,
     made by ``python -m fxrules.tools.indexes``) when they were made from this grammar, so a
     process that parses only valid files never builds Lark's parser (~0.25 s of a cold
     ``fxrules check``); else :func:`lark_tables`. The shipped tables have no ``by_rule`` or
@@ -412,7 +413,7 @@ class RuleShape(NamedTuple):
 
 def table_data() -> dict:
     """The direct loop's tables as plain data, from Lark's parser for the shipped grammar: what
-    ``python -m fxrules.tools.indexes`` writes to :mod:`fxrules.lang.parse_tables`.
+    ``python -m fxrules.tools.indexes`` writes to ``fxrules/lang/parse_tables.json``.
 
     Lark numbers LALR states in an order that depends on string hashing (it differs between
     processes), so the states are renumbered canonically (breadth first from the start state,
@@ -453,20 +454,24 @@ def _rule_data(rule) -> tuple:
             tuple((str(s.name), bool(s.is_term), bool(getattr(s, "filter_out", False))) for s in rule.expansion))
 
 
-def shipped_tables() -> Optional[Tables]:
-    """The tables of :mod:`fxrules.lang.parse_tables`, or None when they were made from another grammar
-    (the grammar changed and ``python -m fxrules.tools.indexes`` was not run: Lark's are built instead)."""
-    from fxrules.lang import parse_tables as shipped
-
-    if shipped.GRAMMAR != grammar_text():
+def shipped_tables(data: Optional[dict] = None) -> Optional[Tables]:
+    """The tables of ``fxrules/lang/parse_tables.json`` (``data``: that file's object, read when not
+    given), or None when they were made from another grammar (the grammar changed and
+    ``python -m fxrules.tools.indexes`` was not run: Lark's are built instead)."""
+    shipped = data if data is not None else packaged.read_json(PARSE_TABLES_FILE)
+    if shipped["grammar"] != grammar_text():
         return None
-    rules = [RuleShape.of(data) for data in shipped.RULES]
+    rules = [RuleShape.of(rule) for rule in shipped["rules"]]
     entries = [(len(rule.expansion), reduction(rule), rule.origin.name) for rule in rules]
     rows = [{name: target if type(target) is int else entries[target[1]] for name, target in row.items()}
-            for row in shipped.ROWS]
+            for row in shipped["rows"]]
     _check_unit_rules(rows)
-    return Tables(rows, shipped.START, shipped.END, dict(shipped.KEYWORDS), frozenset(shipped.IGNORE),
-                  _scanner(list(shipped.TERMINALS)), {}, {}, ())
+    return Tables(rows, shipped["start"], shipped["end"], dict(shipped["keywords"]), frozenset(shipped["ignore"]),
+                  _scanner([(name, regex) for name, regex in shipped["terminals"]]), {}, {}, ())
+
+
+PARSE_TABLES_FILE = "parse_tables.json"
+"""The shipped tables' file in ``fxrules/lang`` (:mod:`fxrules.lang.packaged`)."""
 
 
 def _after_units(rows: list, below: int, origin: str, kind: str) -> int:

@@ -3,7 +3,7 @@
 ``fxrules check`` used to import torch (~1-2 s cold) to learn, of every dotted name a rule file
 uses, what it names: a module, a class, an ``nn.Module`` class and its constructor's parameters,
 a callable or a value. The checker needs only these :class:`Facts`, never the object. The shipped
-index (:mod:`fxrules.lang.torch_index_data`, made from torch by ``python -m fxrules.tools.indexes``)
+index (``fxrules/lang/torch_index.json``, made from torch by ``python -m fxrules.tools.indexes``)
 holds them for every name under torch and fxrules that the allow-list permits, the overloads of every
 aten and prims op, and the attributes of ``torch.Tensor``.
 
@@ -152,17 +152,49 @@ def torch_version() -> Optional[str]:
     return _installed_version()
 
 
-@functools.lru_cache(maxsize=None)
-def _data() -> ModuleType:
-    from fxrules.lang import torch_index_data
+@dataclass(frozen=True, slots=True)
+class IndexData:
+    """The shipped index (``fxrules/lang/torch_index.json``, read by :func:`_data`): the paths of each
+    :class:`Kind` but module classes, the module classes with (class name, parameters, required
+    parameters) or (class name, None, None), each op's overload names by ``NAMESPACE.OP``, and the
+    public attributes of ``torch.Tensor``."""
 
-    return torch_index_data
+    torch_version: str
+    modules: frozenset
+    classes: frozenset
+    callables: frozenset
+    values: frozenset
+    module_classes: dict  # path -> (class name, parameters or None, required parameters or None)
+    operators: dict  # "aten.add" -> its overload names
+    tensor_attributes: frozenset
+
+    @classmethod
+    def of(cls, data: dict) -> "IndexData":
+        """From the file's object (arrays as tuples and frozensets)."""
+        return cls(data["torch_version"], frozenset(data[Kind.MODULE.value]), frozenset(data[Kind.CLASS.value]),
+                   frozenset(data[Kind.CALLABLE.value]), frozenset(data[Kind.VALUE.value]),
+                   {path: (name, None if parameters is None else tuple(parameters),
+                           None if required is None else tuple(required))
+                    for path, (name, parameters, required) in data[Kind.MODULE_CLASS.value].items()},
+                   {op: tuple(overloads) for op, overloads in data["operators"].items()},
+                   frozenset(data["tensor_attributes"]))
+
+
+INDEX_FILE = "torch_index.json"
+"""The shipped index's file in ``fxrules/lang`` (:mod:`fxrules.lang.packaged`)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _data() -> IndexData:
+    from fxrules.lang import packaged
+
+    return IndexData.of(packaged.read_json(INDEX_FILE))
 
 
 def answers() -> bool:
     """Whether the index may answer in this process: the torch here has the index's release."""
     version = torch_version()
-    return version is not None and release(version) == release(_data().TORCH_VERSION)
+    return version is not None and release(version) == release(_data().torch_version)
 
 
 def look_up(path: str) -> Optional[Facts]:
@@ -170,18 +202,18 @@ def look_up(path: str) -> Optional[Facts]:
     if path.split(".", 1)[0] not in INDEXED_ROOTS or not answers():
         return None
     data = _data()
-    entry = data.MODULE_CLASS.get(path)
+    entry = data.module_classes.get(path)
     if entry is not None:
         name, parameters, required = entry
-        constructor = None if parameters is None else Constructor(tuple(parameters), tuple(required))
+        constructor = None if parameters is None else Constructor(parameters, required)
         return Facts(Kind.MODULE_CLASS, True, name, constructor)
-    for kind, table, is_callable in ((Kind.CALLABLE, data.CALLABLE, True), (Kind.VALUE, data.VALUE, False),
-                                     (Kind.MODULE, data.MODULE, False), (Kind.CLASS, data.CLASS, True)):
+    for kind, table, is_callable in ((Kind.CALLABLE, data.callables, True), (Kind.VALUE, data.values, False),
+                                     (Kind.MODULE, data.modules, False), (Kind.CLASS, data.classes, True)):
         if path in table:
             return Facts(kind, is_callable)
     parts = path.split(".")
     if len(parts) == 5 and parts[1] == "ops":
-        overloads = data.OPERATORS.get(parts[2], {}).get(parts[3], ())
+        overloads = data.operators.get(f"{parts[2]}.{parts[3]}", ())
         if parts[4] in overloads:
             return Facts(Kind.CALLABLE, True)
     return None
@@ -189,4 +221,4 @@ def look_up(path: str) -> Optional[Facts]:
 
 def tensor_has(name: str) -> bool:
     """Whether the index knows ``torch.Tensor`` has the public attribute ``name`` (False: it cannot say)."""
-    return answers() and name in _data().TENSOR_ATTRIBUTES
+    return answers() and name in _data().tensor_attributes

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import fxrules
-from fxrules.lang import parse_tables, parser, torch_index
+from fxrules.lang import packaged, parser, torch_index
 from fxrules.lang.load import analyze, read_sources
 from fxrules.lang.names import Resolver
 from fxrules.lang.source import Source
@@ -36,9 +36,8 @@ def test_every_index_entry_is_what_resolving_says():
     assert torch_index.answers()
     resolver = Resolver()
     data = torch_index._data()
-    paths = set(data.MODULE) | set(data.CLASS) | set(data.CALLABLE) | set(data.VALUE) | set(data.MODULE_CLASS)
-    paths |= {f"torch.ops.{ns}.{op}.{overload}" for ns, ops in data.OPERATORS.items()
-              for op, overloads in ops.items() for overload in overloads}
+    paths = set(data.modules) | set(data.classes) | set(data.callables) | set(data.values) | set(data.module_classes)
+    paths |= {f"torch.ops.{op}.{overload}" for op, overloads in data.operators.items() for overload in overloads}
     assert len(paths) > 5000
     wrong = []
     for path in sorted(paths):
@@ -49,7 +48,7 @@ def test_every_index_entry_is_what_resolving_says():
     assert not wrong, wrong[:10]
     import torch
 
-    assert all(hasattr(torch.Tensor, name) for name in data.TENSOR_ATTRIBUTES)
+    assert all(hasattr(torch.Tensor, name) for name in data.tensor_attributes)
 
 
 def test_the_index_answers_only_for_its_torch_release(monkeypatch):
@@ -59,7 +58,7 @@ def test_the_index_answers_only_for_its_torch_release(monkeypatch):
                                                                               "kernel_size")
     assert torch_index.look_up("torch.relux") is None  # a miss: resolved, and reported, as before
     assert torch_index.look_up("operator.add") is None  # not torch's: resolving it imports nothing
-    monkeypatch.setattr(torch_index, "torch_version", lambda: torch_index.release(torch_index._data().TORCH_VERSION)
+    monkeypatch.setattr(torch_index, "torch_version", lambda: torch_index.release(torch_index._data().torch_version)
                         + "+cu999")
     assert torch_index.look_up("torch.relu") is not None  # another build of the same release
     monkeypatch.setattr(torch_index, "torch_version", lambda: "1.0.0")
@@ -104,8 +103,9 @@ def test_the_direct_loop_on_the_shipped_tables_makes_lark_loops_ast():
 
 
 def test_tables_made_from_another_grammar_are_not_used(monkeypatch):
-    monkeypatch.setattr(parse_tables, "GRAMMAR", parse_tables.GRAMMAR + "\n// changed\n")
-    assert parser.shipped_tables() is None
+    data = packaged.read_json(parser.PARSE_TABLES_FILE)
+    assert parser.shipped_tables(data) is not None
+    assert parser.shipped_tables({**data, "grammar": data["grammar"] + "\n// changed\n"}) is None
     assert parser.lark_tables().by_rule  # what tables() falls back to
 
 

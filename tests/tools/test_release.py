@@ -41,11 +41,14 @@ def _copy_source(destination: Path) -> None:
 
 
 def _expected_files() -> set[str]:
-    """Every module of every subpackage, the grammar, every library rule file and its README."""
+    """Every module of every subpackage, the grammar, the shipped tables, every library rule file and its README."""
     package = ROOT / "fxrules"
     files = {p.relative_to(ROOT).as_posix() for p in package.rglob("*.py") if "__pycache__" not in p.parts}
     files |= {p.relative_to(ROOT).as_posix() for p in (package / "library").rglob("*") if p.suffix in (".fxr", ".md")}
     files.add("fxrules/lang/fxr.lark")
+    files |= {p.relative_to(ROOT).as_posix() for p in (package / "lang").glob("*.json")}
+    assert len(files & {"fxrules/lang/parse_tables.json", "fxrules/lang/torch_index.json",
+                        "fxrules/lang/allowlist.json"}) == 3
     return files
 
 
