@@ -3,10 +3,14 @@
     python -m benchmarks.cold                         # cold-start table, 5 runs each (~1 min)
     python -m benchmarks.cold --root ../old-checkout  # the same for another checkout (before/after)
     python -m benchmarks.cold --verify-jobs 1,2 --verify-examples 10   # add verify's speed-up per N (minutes)
+    python -m benchmarks.cold --bytecode none         # fxrules compiled from source in every process
 
 Each number is the median wall time of ``--repeat`` fresh processes (after one untimed warm-up run
 that compiles the bytecode: the checkout is measured as an installed package would run, with its
-``.pyc`` files written, into a private ``PYTHONPYCACHEPREFIX``). Rows:
+``.pyc`` files written, into a private ``PYTHONPYCACHEPREFIX``). ``--bytecode none`` measures instead what
+an editable install runs where ``PYTHONDONTWRITEBYTECODE=1`` is set (this development machine sets it):
+fxrules' modules compiled from source in every process, torch's and the standard library's read from
+the bytecode their installation wrote (the checkout must hold no ``__pycache__`` under ``fxrules/``). Rows:
 
 - ``python -c "import torch"``: the floor every torch user pays;
 - ``fxrules check LIBRARY``: the bundled library (64 rules), with torch installed, and whether torch was
@@ -91,10 +95,20 @@ class Row:
     note: str = ""
 
 
-def _environment(root: Path, cache: str) -> dict:
+def _environment(root: Path, cache: Optional[str]) -> dict:
+    """The measured processes' environment: bytecode written to and read from ``cache``, or (None) none
+    written and fxrules' own read from nowhere (see ``--bytecode``)."""
     env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = cache
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    if cache is None:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        cached = sorted(str(p) for p in (root / "fxrules").rglob("__pycache__"))
+        if cached:
+            raise SystemExit(f"--bytecode none: {root / 'fxrules'} holds cached bytecode ({cached[0]}, ...); remove "
+                             f"it or measure with --bytecode cached")
+    else:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = cache
     env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -118,7 +132,7 @@ def _reported(command: Sequence[str], env: dict, cwd: Path, repeat: int) -> tupl
     return statistics.median(r["seconds"] for r in reports), reports[-1]
 
 
-def cold_rows(root: Path, repeat: int, cache: str) -> list[Row]:
+def cold_rows(root: Path, repeat: int, cache: Optional[str]) -> list[Row]:
     env = _environment(root, cache)
     py = sys.executable
     library = root / "fxrules" / "library"
@@ -165,7 +179,7 @@ def _load() -> str:
         return "?"
 
 
-def verify_rows(root: Path, jobs: Sequence[int], examples: int, seed: int, cache: str) -> list[Row]:
+def verify_rows(root: Path, jobs: Sequence[int], examples: int, seed: int, cache: Optional[str]) -> list[Row]:
     env = _environment(root, cache)
     library = root / "fxrules" / "library"
     rows, first, reference = [], None, []
@@ -203,14 +217,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--verify-jobs", default="", help="comma-separated N for verify -j N (default: none)")
     parser.add_argument("--verify-examples", type=int, default=10, help="--max-examples for the verify runs")
     parser.add_argument("--seed", type=int, default=3, help="--seed for the verify runs")
+    parser.add_argument("--bytecode", choices=("cached", "none"), default="cached",
+                        help="cached: as an installed package runs (default); none: fxrules compiled from source in "
+                             "every process (an editable install under PYTHONDONTWRITEBYTECODE=1)")
     args = parser.parse_args(argv)
     root = args.root.resolve()
-    with tempfile.TemporaryDirectory(prefix="fxrules-cold-") as cache:
+    with tempfile.TemporaryDirectory(prefix="fxrules-cold-") as folder:
+        cache = folder if args.bytecode == "cached" else None
         rows = [] if args.no_cold else cold_rows(root, args.repeat, cache)
         if args.verify_jobs:
             rows += verify_rows(root, [int(n) for n in args.verify_jobs.split(",")], args.verify_examples,
                                 args.seed, cache)
-    print(f"root {root}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {_load()}")
+    print(f"root {root}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load {_load()}, "
+          f"bytecode {args.bytecode}")
     print(render(rows))
     return 0
 

@@ -15,6 +15,16 @@ def test_each_measurement_runs_the_measured_checkout_with_its_bytecode_written(t
     assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path) and "PYTHONDONTWRITEBYTECODE" not in env
 
 
+def test_without_bytecode_none_is_written_and_a_checkout_holding_some_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "elsewhere"))
+    (tmp_path / "fxrules" / "lang").mkdir(parents=True)
+    env = cold._environment(tmp_path, None)
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1" and "PYTHONPYCACHEPREFIX" not in env
+    (tmp_path / "fxrules" / "lang" / "__pycache__").mkdir()
+    with pytest.raises(SystemExit, match="holds cached bytecode"):
+        cold._environment(tmp_path, None)
+
+
 def test_the_table_is_markdown():
     text = cold.render([cold.Row("fxrules check LIBRARY", 0.1834, 5, "torch imported: no")])
     assert text.splitlines() == ["| what | seconds (median) | runs | note |", "|---|---|---|---|",
