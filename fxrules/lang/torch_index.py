@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Optional
 
+from fxrules.lang import packaged
+
 INDEXED_ROOTS = ("torch", "fxrules")
 """Top-level packages whose names the index holds (fxrules' own builders import torch)."""
 
@@ -186,8 +188,6 @@ INDEX_FILE = "torch_index.json"
 
 @functools.lru_cache(maxsize=None)
 def _data() -> IndexData:
-    from fxrules.lang import packaged
-
     return IndexData.of(packaged.read_json(INDEX_FILE))
 
 
