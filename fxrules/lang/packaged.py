@@ -1,4 +1,4 @@
-"""Tables shipped inside the package as JSON files: read without importing or running anything.
+"""Files shipped inside the package (the grammar, and tables as JSON): read by path, without importing or running anything.
 
 Three generated tables live next to this module:
 
@@ -23,17 +23,27 @@ a regenerated table diffs line by line.
 from __future__ import annotations
 
 import json
-from importlib import resources
+import os
 from typing import Any
 
-__all__ = ["read_json", "json_text"]
+__all__ = ["read_json", "read_text", "json_text"]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+"""``fxrules/lang`` on disk. The package is installed as files (``fxrules.LIBRARY`` is a folder too), so
+its data is read by path: ``importlib.resources`` would also work from a zip, but importing it costs
+every cold start 5 ms (it imports ``tempfile``, ``shutil`` and ``random``)."""
+
+
+def read_text(name: str) -> str:
+    """The text of the shipped file ``name`` (``fxrules/lang/NAME``)."""
+    with open(os.path.join(HERE, name), encoding="utf-8") as file:
+        return file.read()
 
 
 def read_json(name: str) -> dict:
     """The object in the shipped file ``name`` (``fxrules/lang/NAME``). A file that is not a JSON
     object raises ValueError naming it: the package is damaged, not the user's input."""
-    text = resources.files("fxrules.lang").joinpath(name).read_text(encoding="utf-8")
-    data = json.loads(text)
+    data = json.loads(read_text(name))
     if not isinstance(data, dict):
         raise ValueError(f"fxrules/lang/{name}: expected a JSON object, found {type(data).__name__}")
     return data

@@ -22,7 +22,6 @@ import functools
 import itertools
 import re
 import threading
-from importlib import resources
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple, Optional
 
 import fxrules.lang.ast as A
@@ -76,7 +75,7 @@ _CLOSE = {"RPAR", "RSQB", "RBRACE"}
 
 def grammar_text() -> str:
     """The grammar as shipped inside the package (identical to ``grammar/fxr.lark``)."""
-    return resources.files("fxrules.lang").joinpath("fxr.lark").read_text(encoding="utf-8")
+    return packaged.read_text("fxr.lark")
 
 
 class _TooDeep(Exception):

@@ -42,7 +42,7 @@ def test_a_damaged_table_is_named():
 
 def test_read_json_refuses_a_file_that_is_not_an_object(monkeypatch, tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]", encoding="utf-8")
-    monkeypatch.setattr(packaged.resources, "files", lambda package: tmp_path)
+    monkeypatch.setattr(packaged, "HERE", str(tmp_path))
     with pytest.raises(ValueError, match=r"fxrules/lang/list\.json: expected a JSON object, found list"):
         packaged.read_json("list.json")
 
