@@ -74,6 +74,8 @@ class Bindings:
 
 @dataclass(frozen=True)
 class Match:
+    """A pattern matched: the compiled rule, its root nodes (one per pattern root) and what the match bound."""
+
     program: Program
     roots: tuple  # the root nodes, one per pattern root
     bindings: Bindings

@@ -34,23 +34,29 @@ from fxrules.lang.ruleset import CheckedRule, RuleSet
 
 @dataclass(frozen=True, slots=True)
 class PCapture:
+    """``$name``: matches any value and binds it (the same name twice must bind the same value)."""
+
     name: str
     span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class PWildcard:
-    pass
+    """``_``: matches any value and binds nothing."""
 
 
 @dataclass(frozen=True, slots=True)
 class PLiteral:
+    """A literal (number, string, bool, None): matches an equal value of the same kind."""
+
     value: Any
     span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class PConst:
+    """A named constant (``torch.float32``): matches that value; ``label`` is how the rule wrote it."""
+
     value: Any
     label: str
     span: A.Span = field(default=A.NO_SPAN, compare=False)
@@ -58,6 +64,8 @@ class PConst:
 
 @dataclass(frozen=True, slots=True)
 class PRef:
+    """A reference to a node bound earlier with ``as``: matches that same node."""
+
     name: str
     span: A.Span = field(default=A.NO_SPAN, compare=False)
 
@@ -72,23 +80,31 @@ class PVariadic:
 
 @dataclass(frozen=True, slots=True)
 class PSeq:
+    """A list or tuple pattern: matches a sequence with matching items, in order."""
+
     items: tuple
     span: A.Span = field(default=A.NO_SPAN, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
 class PAlt:
+    """Alternatives ``a | b``: the first option that matches, tried in order."""
+
     options: tuple
 
 
 @dataclass(frozen=True, slots=True)
 class PBind:
+    """``inner as name``: what ``inner`` matches, bound as ``name``."""
+
     inner: Any
     name: str
 
 
 @dataclass(frozen=True, slots=True)
 class PGetAttr:
+    """A ``get_attr`` pattern: the attribute of a qualified name, or (``get_attr $w``) any attribute, bound as ``capture``."""
+
     qualname: Optional[str]
     capture: Optional[str]
     span: A.Span
@@ -128,6 +144,8 @@ class RValue:
 
 @dataclass(frozen=True, slots=True)
 class RLiteral:
+    """A literal in a replacement: the value itself."""
+
     value: Any
 
 
@@ -167,18 +185,24 @@ class RComputed:
 
 @dataclass(frozen=True, slots=True)
 class RSeq:
+    """A list or tuple in a replacement: its items, built as ``kind``."""
+
     items: tuple
     kind: type  # list or tuple
 
 
 @dataclass(frozen=True, slots=True)
 class RNewModule:
+    """A new module a replacement calls (``call_module torch.nn.ReLU{inplace=False}``): ``cls(**dict(attrs))``."""
+
     cls: type
     attrs: tuple  # ((name, R), ...)
 
 
 @dataclass(frozen=True, slots=True)
 class RBuilder:
+    """A module a builder function makes from matched modules and captures (``fxrules.builders``)."""
+
     function: Any
     label: str
     names: tuple[str, ...]  # `as` names of matched modules; "$x" for a capture (a parameter or a constant)
@@ -186,6 +210,8 @@ class RBuilder:
 
 @dataclass(frozen=True, slots=True)
 class RReuse:
+    """A matched module called again by the replacement (``call_module inner($x)``)."""
+
     name: str  # a matched call_module node, called again
 
 

@@ -31,6 +31,9 @@ class MetadataChange:
 
 @dataclass(frozen=True, slots=True)
 class Applied:
+    """One rewrite: the rule (name and file:line), the nodes it matched (roots first), the nodes it
+    created, what stands in each root's place now, and a ``[changes]`` rewrite's metadata changes."""
+
     rule: str
     source: str  # rule file:line
     matched: tuple[str, ...]  # names of the matched nodes (roots first)
@@ -53,6 +56,9 @@ class Rejected:
 
 @dataclass(frozen=True, slots=True)
 class Report:
+    """What a run did: the rewrites in the order they were made, the matches refused (each with its
+    code), the node counts before and after, the run's time and its notes."""
+
     applied: tuple[Applied, ...] = ()
     rejected: tuple[Rejected, ...] = ()
     nodes_before: int = 0

@@ -118,12 +118,16 @@ class Name:
 
 @dataclass(frozen=True, slots=True)
 class ListExpr:
+    """A list ``[a, b]`` in a pattern or replacement."""
+
     items: tuple["Expr", ...]
     span: Span = _span()
 
 
 @dataclass(frozen=True, slots=True)
 class TupleExpr:
+    """A tuple ``(a, b)`` or ``(a,)`` in a pattern or replacement."""
+
     items: tuple["Expr", ...]
     span: Span = _span()
 
@@ -234,6 +238,8 @@ Expr = Union[Capture, Wildcard, Literal, Name, ListExpr, TupleExpr, Ellipsis_, C
 
 @dataclass(frozen=True, slots=True)
 class CCapture:
+    """``$name`` in a condition: the value the pattern bound."""
+
     name: str
     span: Span = _span()
 
@@ -248,6 +254,8 @@ class CName:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CLiteral:
+    """A literal in a condition. Equal to another only of the same kind (``1``, ``1.0`` and ``True`` differ)."""
+
     value: Union[int, float, str, bool, None]
     span: Span = _span()
 
@@ -260,6 +268,8 @@ class CLiteral:
 
 @dataclass(frozen=True, slots=True)
 class CAttr:
+    """``value.attr`` in a condition (a tensor's metadata, a module's attribute)."""
+
     value: "Cond"
     attr: str
     span: Span = _span()
@@ -267,6 +277,8 @@ class CAttr:
 
 @dataclass(frozen=True, slots=True)
 class CIndex:
+    """``value[index]`` in a condition (the index may be a :class:`CSlice`)."""
+
     value: "Cond"
     index: "Cond"
     span: Span = _span()
@@ -289,6 +301,8 @@ class CSlice:
 
 @dataclass(frozen=True, slots=True)
 class CCall:
+    """A call in a condition: a predicate or an allowed function, with its arguments."""
+
     func: "Cond"
     args: tuple["Cond", ...]
     span: Span = _span()
@@ -305,6 +319,8 @@ class CList:
 
 @dataclass(frozen=True, slots=True)
 class CUnary:
+    """``not x`` or ``-x`` in a condition."""
+
     op: str  # "not" | "-"
     operand: "Cond"
     span: Span = _span()
@@ -312,6 +328,8 @@ class CUnary:
 
 @dataclass(frozen=True, slots=True)
 class CBinary:
+    """A binary operation, comparison or boolean connective in a condition."""
+
     op: str  # "and" "or" "==" "!=" "<" "<=" ">" ">=" "in" "not in" "+" "-" "*" "/" "//" "%"
     left: "Cond"
     right: "Cond"
@@ -374,6 +392,8 @@ def name_chain(cond: Cond) -> Optional[tuple[str, ...]]:
 
 @dataclass(frozen=True, slots=True)
 class Contract:
+    """A rule's contract as written (``[exact]``, ``[approx]``, ``[changes]``)."""
+
     word: str  # as written; the checker rejects words outside CONTRACTS
     span: Span = _span()
 

@@ -144,6 +144,8 @@ class Diagnostic:
 
 @dataclass(frozen=True, slots=True)
 class _Shown:
+    """A source line as a diagnostic shows it (shortened around the caret when long)."""
+
     text: str
     caret: int  # 1-based column of the caret within ``text``
 

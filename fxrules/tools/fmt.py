@@ -73,6 +73,8 @@ class FormatError(FxrulesError):
 
 @dataclass(frozen=True, slots=True)
 class FormatResult:
+    """One file formatted: its path, its text before and after."""
+
     path: str
     original: str
     formatted: str
@@ -84,6 +86,8 @@ class FormatResult:
 
 @dataclass(frozen=True, slots=True)
 class _Line:
+    """A line of a rule file split into its code and its comment."""
+
     code: str  # the text before the comment, trailing whitespace removed
     comment: Optional[str]  # from `#` to the end of the line, trailing whitespace removed
     column: int  # where the comment starts (0-based), when there is one

@@ -110,6 +110,8 @@ def _parsed(path: str, text: str) -> Optional[A.RuleFile]:
 
 @dataclass(frozen=True, slots=True)
 class _Target:
+    """A call whose target is under the cursor, and the full dotted path it names."""
+
     call: A.Call
     path: str  # the full dotted path the target names
 

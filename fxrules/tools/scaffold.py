@@ -22,6 +22,8 @@ class ScaffoldError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Scaffold:
+    """The file ``fxrules new`` writes: its path and text."""
+
     path: str
     text: str
 

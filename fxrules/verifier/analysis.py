@@ -130,6 +130,8 @@ _NOTHING = _HostVerdict(True)
 
 @dataclass
 class _Outcome:
+    """What verifying one rule of an analysis run found: hosts tried and drawn, and a failure shown."""
+
     tried: int = 0  # hosts the rules matched (the ones that count)
     drawn: int = 0  # hosts built and run
     shown: Optional[_Shown] = None

@@ -335,6 +335,8 @@ def _flatten(value: Any) -> list:
 
 @dataclass
 class _Comparison:
+    """Outputs compared: the problem found (None: none), the largest differences, and whether shapes held."""
+
     problem: Optional[str] = None
     max_abs: Optional[float] = None
     max_rel: Optional[float] = None
@@ -970,6 +972,8 @@ def host_fingerprint(code: str, facts: tuple) -> str:
 
 @dataclass
 class _HostResult:
+    """What the hosts drawn for one rule gave: the hosts checked, those discarded (and why), a counterexample."""
+
     hosts: set = field(default_factory=set)  # fingerprints of the distinct hosts checked (the broken one too)
     discarded: int = 0
     discarded_by: dict = field(default_factory=dict)  # DiscardReason -> count

@@ -43,6 +43,8 @@ def check_conditions(reporter: Reporter, targets: Targets, bindings: Bindings, c
 
 @dataclass(slots=True)  # a worker, made for each rule: a frozen dataclass costs three times as much to make
 class _ConditionWalk:
+    """Checks one rule's conditions, reporting to ``reporter``."""
+
     reporter: Reporter
     targets: Targets
     bindings: Bindings

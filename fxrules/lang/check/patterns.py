@@ -69,6 +69,8 @@ class _Scope:
 
 @dataclass(slots=True)  # a worker, made for each rule: a frozen dataclass costs three times as much to make
 class _PatternWalk:
+    """Checks one rule's patterns, reporting to ``reporter``."""
+
     reporter: Reporter
     targets: Targets
     named: NamedPatterns

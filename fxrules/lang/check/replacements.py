@@ -51,6 +51,8 @@ def check_replacements(reporter: Reporter, targets: Targets, bindings: Bindings,
 
 @dataclass(slots=True)  # a worker, made for each rule: a frozen dataclass costs three times as much to make
 class _ReplacementWalk:
+    """Checks one rule's replacements against what its patterns bound, reporting to ``reporter``."""
+
     reporter: Reporter
     targets: Targets
     bindings: Bindings
