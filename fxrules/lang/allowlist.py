@@ -47,11 +47,12 @@ RANDOM_METHODS = frozenset(_data["random_methods"])
 RANDOM_MODULE_TYPES = frozenset(_data["random_module_types"])
 RANDOM_OPERATORS: dict[str, frozenset] = {"aten": frozenset(_data["random_aten_ops"]),
                                           "prims": frozenset(_data["random_prims_ops"])}
-del _data
 """Flags on the table: the names that draw random numbers (ops tagged ``nondeterministic_seeded`` by
 torch, functions and methods of their names, reviewed additions; ``scripts/gen_allowlist.py``). Rules
 may name them everywhere the table allows; an ``[exact]``/``[approx]`` replacement may not introduce
 them (:mod:`fxrules.lang.check.introduced`)."""
+
+del _data  # the file's lists: the frozensets above are what is kept
 
 _OVERLOAD = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 """An overload name (``default``, ``Tensor``, ``using_ints``): never private, never a packet method."""

@@ -9,8 +9,7 @@ Three generated tables live next to this module:
 - ``allowlist.json``: what rule files may name (:mod:`fxrules.lang.allowlist`), made by
   ``scripts/gen_allowlist.py`` and reviewed (SECURITY.md).
 
-Why JSON and not Python modules holding the same literals (as they were until issue 17's session
-42): Python compiles a module from source wherever its bytecode is not cached (an editable install
+Why JSON and not Python modules holding the same literals (as they once were): Python compiles a module from source wherever its bytecode is not cached (an editable install
 under ``PYTHONDONTWRITEBYTECODE=1``, a read-only tree), and compiling these three took 62 ms of
 every cold ``fxrules check`` (0.36 s in all on the bundled library); ``json.loads`` reads them in
 about 2 ms, cached bytecode or not. JSON is also data only: reading it cannot run code.
