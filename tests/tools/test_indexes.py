@@ -102,7 +102,7 @@ def test_the_direct_loop_on_the_shipped_tables_makes_lark_loops_ast():
         assert direct == parser.parse_lark(source), path
 
 
-def test_tables_made_from_another_grammar_are_not_used(monkeypatch):
+def test_tables_made_from_another_grammar_are_not_used():
     data = packaged.read_json(parser.PARSE_TABLES_FILE)
     assert parser.shipped_tables(data) is not None
     assert parser.shipped_tables({**data, "grammar": data["grammar"] + "\n// changed\n"}) is None
