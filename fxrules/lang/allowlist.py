@@ -25,8 +25,9 @@ import fxrules.lang.ast as A
 from fxrules.lang import packaged
 
 TABLE_FILE = "allowlist.json"
-"""The table's file in ``fxrules/lang`` (:mod:`fxrules.lang.packaged`): each name below is one of its
-keys in lower case, an array of dotted paths (names, for methods and ops)."""
+"""The table's file in ``fxrules/lang`` (:mod:`fxrules.lang.packaged`): each table below is its key in
+lower case (``OPERATORS`` and ``RANDOM_OPERATORS``: ``aten_ops``/``prims_ops`` and their ``random_``
+keys), an array of dotted paths (of names, for methods and ops)."""
 
 _data = packaged.read_json(TABLE_FILE)
 

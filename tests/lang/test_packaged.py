@@ -36,7 +36,7 @@ def test_json_text_refuses_keys_json_would_turn_into_strings():
 
 
 def test_a_damaged_table_is_named():
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match=r"fxrules/lang/no_such_table\.json"):
         packaged.read_json("no_such_table.json")
 
 
