@@ -88,17 +88,22 @@ class Journal:
     its first change (not a copy of the model: a node's state is saved when an edit first reaches
     it, a module dictionary's items when one is first written).
 
-    :meth:`rollback` undoes the run: nodes it created leave the graph and its name table, nodes it
-    erased go back in their places, every saved node gets back its arguments, users (in their
-    order) and position key, and metadata (the same dictionary, its old items), every saved module
-    dictionary its items in their order, and the module its code (``recompile``'s attributes)."""
+    :meth:`rollback` undoes the run: the changes to the node list are undone in the reverse of the
+    order they were made (a node created is unlinked, a node erased is linked again after the node
+    that was before it when it was erased: each undo finds the list as that change left it, so every
+    step is one link or unlink, however many nodes the run made around it), then the name table is
+    restored, every saved node gets back its arguments, users (in their order) and position key,
+    and metadata (the same dictionary, its old items), every saved module dictionary its items in
+    their order, and the module its code (``recompile``'s attributes)."""
 
     def __init__(self, graph: fx.Graph):
         self.graph = graph
         self.saved: dict = {}  # node -> fxaccess.NodeState before this run first changed it
         self.metas: dict = {}  # node -> a copy of its meta before this run first wrote it
-        self.made: dict = {}  # the nodes this run created, in order (a dict as an ordered set)
-        self.erased: list = []  # (node, the node it came after), in the order the graph's own nodes were erased
+        self.made: dict = {}  # the nodes this run created (a dict as an ordered set)
+        # The node list's changes in the order they were made: (node, None) for a node created, (node, the
+        # node before it then) for a node erased (one this run created too)
+        self.links: list = []
         self.unused: dict = {}  # targets of the graph's own call_module/get_attr nodes that were erased
         self.names: Optional[fxaccess.NameTable] = None  # the graph's name table before the first node was created
         self.stores: dict = {}  # id(dict) -> (the dict, its items before this run first wrote it)
@@ -111,7 +116,7 @@ class Journal:
     def graph_and_modules_untouched(self) -> bool:
         """Whether this run has edited no node (saved, made, erased, or a creation begun) and no module
         dictionary: at most metadata (example inputs' values) was written."""
-        return not (self.saved or self.made or self.erased or self.stores or self.unused) and self.pending is None
+        return not (self.saved or self.made or self.links or self.stores or self.unused) and self.pending is None
 
     def touch(self, node: fx.Node) -> None:
         """Before an edit changes ``node`` (a node the graph had before this run)."""
@@ -132,6 +137,7 @@ class Journal:
             if used not in saved and used not in made:
                 saved[used] = fxaccess.node_state(used, without_user=node)
         made[node] = None
+        self.links.append((node, None))
         self.pending = None
 
     def replacing(self, root: fx.Node, value: fx.Node) -> None:
@@ -153,20 +159,17 @@ class Journal:
             self.touch(node)
 
     def erasing(self, node: fx.Node) -> None:
-        """Before ``node`` is erased: its inputs lose it as a user; a node the graph had goes back
-        after the nearest node before it that this run did not create."""
+        """Before ``node`` is erased: its inputs lose it as a user; it goes back after the node before it
+        now (the undo of the changes after this one puts that node back in its place first)."""
         saved, made = self.saved, self.made
         for used in node.all_input_nodes:  # touch(), written out
             if used not in saved and used not in made:
                 saved[used] = fxaccess.node_state(used)
+        self.links.append((node, node.prev))
         if node in made:
             return
         if node not in saved:
             saved[node] = fxaccess.node_state(node)
-        after = node.prev
-        while after in self.made:
-            after = after.prev
-        self.erased.append((node, after))
         if node.op in ("call_module", "get_attr") and isinstance(node.target, str):
             self.unused[node.target] = None
 
@@ -193,12 +196,13 @@ class Journal:
         graph = self.graph
         if self.pending is not None:
             self._abandon_creation()
-        for node in reversed(self.made):
-            fxaccess.unlink_created_node(graph, node)
+        for node, after in reversed(self.links):
+            if after is None:
+                fxaccess.unlink_created_node(graph, node)
+            else:
+                fxaccess.relink_erased_node(graph, node, after)
         if self.names is not None:
             fxaccess.restore_name_table(graph, self.names)
-        for node, after in reversed(self.erased):
-            fxaccess.relink_erased_node(graph, node, after)
         for node, state in self.saved.items():
             fxaccess.restore_node_state(node, state)
         for node, meta in self.metas.items():
@@ -230,6 +234,7 @@ class Journal:
         for node in strays:
             if node not in made:
                 made[node] = None
+                self.links.append((node, None))
         inputs: dict = {}
         fx.node.map_arg((args, kwargs), lambda n: inputs.setdefault(n, None))
         for used in inputs:

@@ -11,6 +11,7 @@ minute on a 2-core machine: building and compiling a 100,000-node GraphModule, t
 from __future__ import annotations
 
 import operator
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,127 @@ def test_many_rules_apply_to_zoo_models(many_rules, name, expected):
     # the same as applying just the two rules that match
     small = many_rules.select(names=["keep_dropout_out", "relu_twice"])
     assert fxrules.apply_rules(model, small).module.code == result.module.code
+
+
+# ---------------------------------------------------------------------------
+# (d) the work grows linearly with the graph
+# ---------------------------------------------------------------------------
+#
+# A quadratic step hides at the sizes the other tests use and costs seconds at 16,000 nodes (an
+# in-place run of ``add -> sub(x, neg(y))`` over 16,000 adds once took 20.7 s against 1.3 s copying:
+# each erasure walked back over every node made before it). Timing it would be noise on a shared
+# machine; counting the Python calls a run makes is exact: at four times the nodes a linear run
+# makes about four times the calls (less: some work is per run), a quadratic one about sixteen.
+
+
+def python_calls(run) -> int:
+    """How many Python function calls ``run()`` makes."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def every_add_reads_x(n: int) -> fx.GraphModule:
+    """``v = v + x``, ``n`` times: every add reads the input, and each rewrite of one leaves the nodes it
+    made right before the next add."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    value = x
+    for _ in range(n):
+        value = graph.call_function(torch.add, (value, x))
+    graph.output(value)
+    return fx.GraphModule(nn.Module(), graph)
+
+
+def one_node_many_readers(n: int) -> fx.GraphModule:
+    """``r = relu(relu(x))`` read by ``n`` negations, summed: the rewrite rewires ``n`` users at once."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    r = graph.call_function(torch.relu, (graph.call_function(torch.relu, (x,)),))
+    total = graph.call_function(torch.neg, (r,))
+    for _ in range(n - 1):
+        total = graph.call_function(torch.add, (total, graph.call_function(torch.neg, (r,))))
+    graph.output(total)
+    return fx.GraphModule(nn.Module(), graph)
+
+
+def nested_modules(n: int) -> fx.GraphModule:
+    """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
+    root = nn.Module()
+    graph = fx.Graph()
+    value = graph.placeholder("x")
+    for i in range(n):
+        path = f"a{i % 7}.b{i % 11}.c{i}"
+        parent = root
+        for part in path.split(".")[:-1]:
+            if not hasattr(parent, part):
+                parent.add_module(part, nn.Module())
+            parent = getattr(parent, part)
+        parent.add_module(f"c{i}", nn.Dropout(0.1) if i % 2 else nn.ReLU())
+        value = graph.call_module(path, (value,))
+    graph.output(value)
+    return fx.GraphModule(root.eval(), graph)
+
+
+SHAPES = {
+    "every_add_reads_x": (every_add_reads_x,
+                          "rule spell [exact]: call_function torch.add($x, $y) -> "
+                          "call_function torch.sub($x, call_function torch.neg($y))\n"),
+    "cascading_chain": (lambda n: chain((torch.relu,), n),
+                        "rule relu_twice [exact]: call_function torch.relu(call_function torch.relu($x))"
+                        " -> call_function torch.relu($x)\n"),
+    "one_node_many_readers": (one_node_many_readers,
+                              "rule relu_twice [exact]: call_function torch.relu(call_function torch.relu($x))"
+                              " -> call_function torch.relu($x)\n"),
+    "nested_modules": (nested_modules,
+                       "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
+                       "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),
+}
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copying", "inplace"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_work_of_a_run_grows_linearly(shape, inplace):
+    build, text = SHAPES[shape]
+    rules = fxrules.parse_rules(text, source=f"{shape}.fxr")
+    fxrules.apply_rules(build(50), rules, inplace=inplace)  # imports and first-call work out of the count
+    small, large = build(400), build(1600)
+    x = torch.randn(3, generator=torch.Generator().manual_seed(0))
+    expected = large(x)
+    results = []
+    counts = [python_calls(lambda gm=gm: results.append(fxrules.apply_rules(gm, rules, inplace=inplace)))
+              for gm in (small, large)]
+    assert results[0].counts and sum(results[1].counts.values()) >= sum(results[0].counts.values())
+    assert_close(results[1].module(x), expected, rtol=1e-6, atol=1e-6)
+    assert counts[1] <= 4.6 * counts[0], f"{counts[1]:,} calls at 1600 nodes against {counts[0]:,} at 400"
+
+
+def test_undoing_a_long_in_place_run_is_linear_and_complete():
+    """A run that fails after thousands of rewrites gives the graph back exactly, in work linear in its edits."""
+    from tests.engine.test_inplace import assert_same_deep, deep_snapshot
+
+    build, text = SHAPES["every_add_reads_x"]
+    rules = fxrules.parse_rules(text, source="spell.fxr")
+    counts = []
+    for n in (400, 1600):
+        gm = build(n)
+        before = deep_snapshot(gm)
+
+        def failing_run(gm=gm, n=n):
+            with pytest.raises(fxrules.RewriteLoopError):
+                fxrules.apply_rules(gm, rules, inplace=True, max_iterations=n - 1)
+
+        counts.append(python_calls(failing_run))
+        assert_same_deep(before, deep_snapshot(gm))
+        assert fxrules.apply_rules(gm, rules, inplace=True).counts == {"spell": n}
+    assert counts[1] <= 4.6 * counts[0], f"{counts[1]:,} calls at 1600 nodes against {counts[0]:,} at 400"
