@@ -4,8 +4,9 @@ Priority, when matches overlap: rule order first, then graph order. Candidates
 are taken by (rule index, node position) from a :class:`~fxrules.engine.worklist.Worklist`;
 the first candidate whose match passes its conditions and the planner's checks is
 rewritten, and the nodes the rewrite touched (new nodes, users of replaced nodes up
-to the deepest pattern's depth, inputs that lost users) go back on it. The whole
-graph is scanned once; afterwards only touched nodes are revisited.
+to the deepest pattern's depth) go back on it, with the matches turned down earlier
+that read a node the rewrite left with fewer users. The whole graph is scanned once;
+afterwards only those are revisited.
 
 The run stops when the worklist is empty (a fixpoint: no rule applies anywhere) or
 raises :class:`RewriteLoopError` after ``max_iterations`` rewrites.
@@ -29,7 +30,7 @@ from fxrules.lang.diagnostics import FxrulesError
 from fxrules.engine.matcher import (UNHASHABLE_INPUT, GraphView, Match, Miss, direct_matcher, input_keys,
                                     match_program, may_match)
 from fxrules.engine.planner import Plan, plan
-from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules
+from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules, further_roots
 from fxrules.engine.refusals import MissCode, Refusal, RefusalCode
 from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
 from fxrules.lang.ruleset import RuleSet
@@ -261,6 +262,8 @@ class _Session:
         self.view = GraphView(work.module_of, work.effects.module_is_known)
         self.depth = max((_pattern_depth(r) for p in self.compiled.programs for r in p.roots), default=1)
         self.multi_root = any(len(p.roots) > 1 for p in self.compiled.programs)
+        # which touched nodes may be a further root of a multi-root rule (their siblings are revisited)
+        self.further = further_roots(self.compiled.programs) if self.multi_root else None
         self.reach = _revisit_reach(self.compiled.programs, self.depth)
 
     def error(self, program: Program, node: fx.Node, message: str) -> RewriteError:
@@ -387,6 +390,25 @@ class _Session:
         rejected: dict = {}
         recent: list[Program] = []  # the program of each rewrite, for a loop's error
         effects = self.work.effects
+        # A node that only loses users (an input of an erased node) changes no match's structure: a match
+        # that found the graph's shape wrong still does. What it may change is a match found and then
+        # turned down (a condition on `users($x)`, an interior node used outside, a guard): those wait on
+        # the nodes they read, and such a node sends back only them. (Revisiting a node's users instead made
+        # a graph whose input every node reads quadratic: each rewrite next to it revisited all of them.)
+        # A multi-root rule's search for its further roots reads the captures' users, but a node losing one
+        # gives it no new candidate: one it took and then saw turned down waits on the nodes it read; a new
+        # candidate is a node made or rewired, revisited with its siblings (_revisit).
+        waiting: dict = {}  # node -> [(program, the match's first root)] turned down while reading the node
+
+        def wait(program: Program, match: Match) -> None:
+            item = (program, match.roots[0])
+            for n in _nodes_read(match):
+                found = waiting.get(n)
+                if found is None:
+                    waiting[n] = [item]
+                else:
+                    found.append(item)
+
         while (entry := pop()) is not None:
             _, _, _, node, program = entry
             queued.discard((program.rule.index, node))
@@ -399,10 +421,12 @@ class _Session:
             if failed is not None:
                 if isinstance(failed, Refusal):
                     rejected[_rejected_key(program, result)] = _rejected(program, result, failed)
+                wait(program, result)
                 continue
             decision = plan(result, effects)
             if isinstance(decision, Refusal):
                 rejected[_rejected_key(program, result)] = _rejected(program, result, decision)
+                wait(program, result)
                 continue
             try:
                 outcome = apply_match(self.work, result, decision)
@@ -412,8 +436,9 @@ class _Session:
                 raise self.error(program, node, f"building the replacement raised {type(exc).__name__}: {exc}") from exc
             if isinstance(outcome, Refusal):  # a builder declined these modules
                 rejected[_rejected_key(program, result)] = _rejected(program, result, outcome)
+                wait(program, result)
                 continue
-            entry, touched = outcome
+            entry, touched, lost = outcome
             if rejected:  # a match refused earlier that now rewrites is not reported refused
                 rejected.pop(_rejected_key(program, result), None)
             applied.append(entry)
@@ -426,6 +451,11 @@ class _Session:
                     + ", ".join(f"`{n}` ({c} of the last {min(200, len(recent))})" for n, c in window.most_common())
                     + ". A rule set must not contain rules that undo each other (A -> B with B -> A) or grow the "
                       "graph forever", names)
+            if waiting:
+                for n in lost:
+                    for program_, root in waiting.pop(n, ()):
+                        if root.graph is not None and not fxaccess.erased(root):
+                            push(root, (program_,), add)
             for n, programs in scan(self._revisit(touched), module_of):  # the nodes some rule roots on
                 push(n, programs, add)
         return applied, list(rejected.values())
@@ -436,7 +466,13 @@ class _Session:
         frontier = [n for n in touched if not fxaccess.erased(n)]
         found.update(frontier)
         if self.multi_root:
-            for n in list(frontier):
+            # a touched node that may be a further root of a multi-root rule: its siblings (the other users
+            # of its inputs) may be the first root of a match that now finds it. Only those nodes: in a
+            # graph whose input has thousands of users, every rewrite next to it would otherwise revisit
+            # them all (quadratic)
+            further = self.further
+            sources = frontier if further is None else [n for n, _ in further.scan(frontier, self.work.module_of)]
+            for n in sources:
                 for inp in n.all_input_nodes:
                     found.update(inp.users)
         for _ in range(self.reach):
@@ -450,6 +486,18 @@ class _Session:
             if not frontier:
                 break
         return found
+
+
+def _nodes_read(match: Match) -> dict:
+    """The nodes a match read: its roots, matched nodes, get_attr nodes and the nodes its captures and
+    names bound (in lists and tuples too), as an ordered set."""
+    found = dict.fromkeys(match.roots)
+    bindings = match.bindings
+    found.update(bindings.nodes)
+    found.update(bindings.attrs)
+    fx.node.map_arg((list(bindings.captures.values()), list(bindings.names.values())),
+                    lambda n: found.setdefault(n, None))
+    return found
 
 
 def condition_raised(rule_set: RuleSet, match: Match, raised: ConditionRaised) -> Refusal:

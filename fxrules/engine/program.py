@@ -981,6 +981,25 @@ class CompiledRules:
         return tuple(found)
 
 
+def further_roots(programs: tuple) -> Optional[CompiledRules]:
+    """The index over the further roots of the multi-root programs (``roots[1:]``), keyed as the first
+    roots are, for the fixpoint's revisit: a rewrite that changes a node this index finds may have made it
+    the further root of a match whose first root is a sibling (another user of the same capture). None
+    when a further root has no index key (a capture, or a named node): any node may then be one."""
+    by_key: dict = {}
+    for program in programs:
+        for root in program.roots[1:]:
+            keys = _keys(root)
+            if not keys:
+                return None
+            for key in keys:
+                found = by_key.setdefault(key, [])
+                if program not in found:
+                    found.append(program)
+    return CompiledRules(tuple(p for p in programs if len(p.roots) > 1), {k: tuple(v) for k, v in by_key.items()},
+                         any(k[0] == "call_module" for k in by_key))
+
+
 _compiled: "weakref.WeakKeyDictionary[RuleSet, CompiledRules]" = weakref.WeakKeyDictionary()
 """Each rule set's compiled rules, for as long as the rule set lives (and no longer: a weak key).
 

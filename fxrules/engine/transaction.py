@@ -1005,10 +1005,11 @@ def refusal_before_edit(work: Workpiece, match: Match) -> Optional[Refusal]:
     return decided if isinstance(decided, Refusal) else None
 
 
-def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set] | Refusal":
-    """Rewrite one match. Returns the report entry and the nodes to revisit (some perhaps erased since:
-    the driver's revisit leaves those out), or, when a builder declined or a contract guard refused
-    (before the graph is touched), the Refusal."""
+def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, set, set] | Refusal":
+    """Rewrite one match. Returns the report entry, the nodes to revisit (some perhaps erased since: the
+    driver's revisit leaves those out), and the nodes whose only change is that they lost users (inputs
+    of erased nodes, matched nodes left in place; none of them among the nodes to revisit), or, when a
+    builder declined or a contract guard refused (before the graph is touched), the Refusal."""
     decided = prospect(work, match)
     if isinstance(decided, Refusal):
         return decided
@@ -1036,13 +1037,15 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     matched = match.bindings.nodes
     matched_names = tuple([n.name for n in roots] + [n.name for n in matched if n not in roots])
     attrs = match.bindings.attrs
-    touched.update(_erase_dead(work, [*matched, *attrs] if attrs else list(matched), matched))
+    lost = _erase_dead(work, [*matched, *attrs] if attrs else list(matched), matched)
+    lost.difference_update(touched)
     for name in writer.reused_names:
         _check_name_taken(work, name, writer.created)
     work.changed.update(touched)  # (erased ones too: the driver's revisit leaves those out)
+    work.changed.update(lost)
     replaced_by = tuple([v.name if isinstance(v, fx.Node) else repr(v) for v in new_values])
     return Applied(program.rule.name, program.source, matched_names, tuple([n.name for n in writer.created]), replaced_by,
-                   changes), touched
+                   changes), touched, lost
 
 
 def _check_name_taken(work: Workpiece, name: str, created: list) -> None:
@@ -1083,7 +1086,7 @@ def _erase_dead(work: Workpiece, candidates: list, checked: Any = ()) -> set:
                 stack.append(inp)
             else:
                 survivors.add(inp)
-    # revisit what lost users: patterns rooted there may match now
+    # what lost users: a match turned down while reading one of them may pass now (the driver sends it back)
     return {n for n in survivors if not fxaccess.erased(n)}
 
 

@@ -70,17 +70,18 @@ USERS_RULES = (
 def test_a_capture_losing_a_user_two_levels_below_a_root_is_revisited(monkeypatch):
     rules = fxrules.parse_rules(USERS_RULES)
     result = fxrules.apply_rules(fx.symbolic_trace(UsersAtTheCaptureLevel()), rules)
-    # neg_relu is tried first (rule order) and its condition fails (sin has two users); drop_add then
-    # leaves sin one user, and the revisit reaches neg, two levels above sin
+    # neg_relu is tried first (rule order) and its condition fails (sin has two users): the match waits on
+    # the nodes it read; drop_add then leaves sin one user, and sin sends neg_relu's match back
     assert result.counts == {"drop_add": 1, "neg_relu": 1}
     assert not fxrules.apply_rules(result.module, rules).report.applied
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     c, d = result.module(x, y)
     assert torch.equal(c, torch.tanh(torch.sin(x))) and torch.equal(d, y)
-    # one level less stops short of neg: the reach the users condition asks for is what finds it
-    monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: depth - 1)
+    # a node that only lost a user is not revisited through its users any more: the waiting match is what
+    # finds it, with any reach
+    monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: 0)
     short = fxrules.apply_rules(fx.symbolic_trace(UsersAtTheCaptureLevel()), rules)
-    assert short.counts == {"drop_add": 1}
+    assert short.counts == {"drop_add": 1, "neg_relu": 1}
 
 
 def test_one_level_less_reaches_every_match_of_a_module_chain():
@@ -102,3 +103,37 @@ def test_one_level_less_reaches_every_match_of_a_module_chain():
     assert not fxrules.apply_rules(result.module, rules).report.applied
     x = torch.randn(2, 4)
     assert torch.equal(result.module(x), model(x))
+
+
+
+class InteriorUsedOutside(nn.Module):
+    """``a = relu(x)`` is read by ``relu(a)`` and by ``a * y``: ``relu(relu(x))`` is turned down (``a``,
+    matched inside it, is used outside) until a later rule drops the product, and ``a`` with it. That
+    rewrite touches ``y`` and the sum, not ``relu(a)``."""
+
+    def forward(self, x, y):
+        a = torch.relu(x)
+        return torch.relu(a) + a * y
+
+
+INTERIOR_RULES = (
+    "rule relu_twice [exact]:\n"
+    "    call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)\n"
+    "rule drop_factor [changes]:\n"
+    "    call_function operator.mul($p, $q) -> $q\n"
+)
+
+
+@pytest.mark.parametrize("reach", [None, 0], ids=["as computed", "none"])
+def test_a_match_turned_down_is_sent_back_by_a_node_it_read_losing_a_user(monkeypatch, reach):
+    """A node that only lost a user is not revisited through its users: the matches turned down while
+    reading it wait on it, and come back when it changes, whatever the reach."""
+    if reach is not None:
+        monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: reach)
+    rules = fxrules.parse_rules(INTERIOR_RULES)
+    result = fxrules.apply_rules(fx.symbolic_trace(InteriorUsedOutside()), rules)
+    assert [a.rule for a in result.report.applied] == ["drop_factor", "relu_twice"]
+    assert not result.report.rejected  # the refusal that came first is not reported: the match went through
+    x, y = torch.randn(5), torch.randn(5)
+    assert torch.equal(result.module(x, y), torch.relu(x) + y)
+    assert not fxrules.apply_rules(result.module, rules).report.applied

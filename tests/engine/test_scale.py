@@ -180,7 +180,8 @@ def test_many_rules_apply_to_zoo_models(many_rules, name, expected):
 #
 # A quadratic step hides at the sizes the other tests use and costs seconds at 16,000 nodes (an
 # in-place run of ``add -> sub(x, neg(y))`` over 16,000 adds once took 20.7 s against 1.3 s copying:
-# each erasure walked back over every node made before it). Timing it would be noise on a shared
+# each erasure walked back over every node made before it; with ``neg(neg($v)) -> $v`` beside it, 8,000
+# adds took 52 s either way: each rewrite revisited every user of the input it took a user from). Timing it would be noise on a shared
 # machine; counting the Python calls a run makes is exact: at four times the nodes a linear run
 # makes about four times the calls (less: some work is per run), a quadratic one about sixteen.
 
@@ -244,10 +245,21 @@ def nested_modules(n: int) -> fx.GraphModule:
     return fx.GraphModule(root.eval(), graph)
 
 
+SPELL = "rule spell [exact]: call_function torch.add($x, $y) -> call_function torch.sub($x, call_function torch.neg($y))\n"
+
 SHAPES = {
-    "every_add_reads_x": (every_add_reads_x,
-                          "rule spell [exact]: call_function torch.add($x, $y) -> "
-                          "call_function torch.sub($x, call_function torch.neg($y))\n"),
+    "every_add_reads_x": (every_add_reads_x, SPELL),
+    # beside the hub (x, read by every add and then by every neg): a nested rule (its matches reach one
+    # level below their roots), a condition on a capture's users, a multi-root rule (its further roots are
+    # found among the captures' users); none of them matches, and each rewrite takes a user from x
+    "hub_and_a_nested_rule": (every_add_reads_x,
+                              SPELL + "rule twice [exact]: call_function torch.neg(call_function torch.neg($v)) -> $v\n"),
+    "hub_and_a_users_condition": (every_add_reads_x,
+                                  SPELL + "rule twice [exact]: call_function torch.neg(call_function torch.neg($v))"
+                                          " where users($v) == 1 -> $v\n"),
+    "hub_and_a_multi_root_rule": (every_add_reads_x,
+                                  SPELL + "rule pair [exact]: call_function torch.sin($v), call_function torch.cos($v)"
+                                          " -> call_function torch.cos($v), call_function torch.sin($v)\n"),
     "cascading_chain": (lambda n: chain((torch.relu,), n),
                         "rule relu_twice [exact]: call_function torch.relu(call_function torch.relu($x))"
                         " -> call_function torch.relu($x)\n"),
