@@ -1,6 +1,6 @@
 """Large, realistic torch.fx graphs for the benchmarks, sized by approximate node count.
 
-Five families, each a plain ``torch.nn`` model traced with :func:`torch.fx.symbolic_trace` (or
+Six families, each a plain ``torch.nn`` model traced with :func:`torch.fx.symbolic_trace` (or
 captured with :func:`torch.export.export`: ``exported``), seeded (the global RNG is left alone)
 and in eval mode:
 
@@ -34,6 +34,9 @@ and in eval mode:
 ``sequential``   ``nn.Sequential`` of (Linear, ReLU, ReLU, Dropout) blocks: every node but the
                  input and the output is a module call (a graph made of modules, as
                  ``nn.Sequential`` models and many converted ones are).
+``shared``       ``v = relu(relu(v + x))`` blocks that all read the model's input ``x``: one node
+                 with as many users as there are blocks (a mask, a position table or an input
+                 every layer reads, taken to the extreme). call_function only.
 
 ``make(family, nodes)`` picks the depth whose graph is closest to ``nodes`` nodes (the node
 count per block is measured by tracing one and two blocks, so it stays right if a family
@@ -173,6 +176,23 @@ def _sequential(depth: int, width: int = _MLP_WIDTH) -> nn.Module:
                            for module in (nn.Linear(width, width), nn.ReLU(), nn.ReLU(), nn.Dropout(0.1))))
 
 
+# ------------------------------------------------------------------------- shared
+
+
+class SharedInput(nn.Module):
+    """``depth`` blocks ``v = relu(relu(v + x))``: every block reads the input."""
+
+    def __init__(self, depth: int):
+        super().__init__()
+        self.depth = depth
+
+    def forward(self, x: Tensor) -> Tensor:
+        v = x
+        for _ in range(self.depth):
+            v = torch.relu(torch.relu(v + x))
+        return v
+
+
 # ------------------------------------------------------------------------ registry
 
 #: family -> (model factory taking a depth, input shape)
@@ -182,6 +202,7 @@ FAMILIES: dict[str, tuple[Callable[[int], nn.Module], tuple[int, ...]]] = {
     "transformer": (lambda depth: _seeded(lambda: DeepTransformer(depth)), (2, _SEQ, _DIM)),
     "exported": (lambda depth: _seeded(lambda: DeepTransformer(depth)), (2, _SEQ, _DIM)),
     "sequential": (lambda depth: _seeded(lambda: _sequential(depth)), (2, _MLP_WIDTH)),
+    "shared": (lambda depth: SharedInput(depth).eval(), (2, _MLP_WIDTH)),
 }
 
 

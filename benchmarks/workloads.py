@@ -380,6 +380,24 @@ def _module_pairs_inductor() -> Runner:
     return _inductor_runner(pattern_pass)
 
 
+SHARED_RULES = ADD_RULE + RELU_RULE
+
+
+def _shared_rp() -> Runner:
+    spell, relus = _add_rp(), _relu_rp()
+    return lambda gm: spell(gm) + relus(gm)
+
+
+def _shared_inductor() -> Runner:
+    pm = _inductor()
+    pattern_pass = pm.PatternMatcherPass()
+    pm.register_graph_pattern(pm.CallFunction(operator.add, pm.KeywordArg("x"), pm.KeywordArg("y")),
+                              pass_dict=pattern_pass)(_replace_root_by_call("call_function", torch.add, ("x", "y")))
+    pm.register_graph_pattern(pm.CallFunction(torch.relu, pm.CallFunction(torch.relu, pm.KeywordArg("x"))),
+                              pass_dict=pattern_pass)(_replace_root_by_call("call_function", torch.relu, ("x",)))
+    return _inductor_runner(pattern_pass)
+
+
 CONV_BN_RULE = """
 rule fold_conv2d_bn "conv2d + batchnorm2d (eval) -> one conv2d" [approx]:
     call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
@@ -643,6 +661,10 @@ _add(Workload("aten_cleanup", "exported",
 _add(Workload("module_pairs", "sequential",
               "modules only: `ReLU(ReLU(x))` -> `ReLU(x)` (1 per block), eval-mode Dropout -> `x` (1 per block)",
               MODULE_PAIRS_RULES, True, _module_pairs_rp, _module_pairs_inductor, rule_count=2))
+_add(Workload("shared_input", "shared",
+              "one input read by every block: `x + y` -> `torch.add(x, y)` and `relu(relu(x))` -> `relu(x)` (1 each per "
+              "block); each add rewritten takes a user from the input", SHARED_RULES, True, _shared_rp, _shared_inductor,
+              rule_count=2))
 _add(Workload("conv_bn", "cnn", "conv+bn folding with fxrules.builders.fold_conv_bn (2 per block)",
               CONV_BN_RULE, False, _conv_bn_rp, _conv_bn_inductor, builds=_conv_bn_builds))
 for _n in (10, 50, 500):

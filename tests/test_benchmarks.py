@@ -1,6 +1,7 @@
 """The benchmark harness in its smoke mode: every tool gives the model's outputs and the same rewrite
 and node counts on small graphs (what `python -m benchmarks.run --smoke` checks), here for the
-workloads whose rewrites keep matched nodes or fold modules, the torch.export graph, and the graph of modules only. Timings are not asserted."""
+workloads whose rewrites keep matched nodes or fold modules, the torch.export graph, the graph of modules only,
+and the graph whose input every block reads. Timings are not asserted."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ run = pytest.importorskip("benchmarks.run")
 
 @pytest.mark.slow
 def test_smoke_run_checks_every_tool_agrees(capsys):
-    status = run.main(["--smoke", "--workloads", "relu_relu,linear_gelu_dropout,double_transpose,conv_bn,aten_cleanup,module_pairs",
+    status = run.main(["--smoke", "--workloads", "relu_relu,linear_gelu_dropout,double_transpose,conv_bn,aten_cleanup,module_pairs,"
+                       "shared_input",
                        "--tools", "fxrules,inplace,inductor,floor", "--parse", "", "--no-memory", "--no-warmup",
                        "--no-breakdown"])
     out = capsys.readouterr().out
     assert status == 0, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "| ok |" in line]
-    assert len(rows) == 6, out
+    assert len(rows) == 7, out
     for row in rows:  # both modes of fxrules made the same rewrites as inductor
         cells = [c.strip() for c in row.split("|")]
         fx, ip, rp, ind = cells[-3].split("/")
@@ -25,8 +27,8 @@ def test_smoke_run_checks_every_tool_agrees(capsys):
     goals = out[out.index("Issue 17's goals"):]
     goal_rows = [line for line in goals.splitlines() if line.startswith("| ") and line[2:].split(" |")[0] in
                  ("relu_relu", "linear_gelu_dropout", "double_transpose", "conv_bn", "aten_cleanup",
-                  "module_pairs")]
-    assert len(goal_rows) == 6, goals
+                  "module_pairs", "shared_input")]
+    assert len(goal_rows) == 7, goals
     assert all(("ok" in row or "MISS" in row) for row in goal_rows), goals
 
 

@@ -397,7 +397,10 @@ class _Session:
         # a graph whose input every node reads quadratic: each rewrite next to it revisited all of them.)
         # A multi-root rule's search for its further roots reads the captures' users, but a node losing one
         # gives it no new candidate: one it took and then saw turned down waits on the nodes it read; a new
-        # candidate is a node made or rewired, revisited with its siblings (_revisit).
+        # candidate is a node made or rewired, revisited with its siblings (_revisit). (Not sent back: a
+        # multi-root match whose first further-root candidate fitted the pattern but bound a name otherwise
+        # than another root did, when that candidate is later erased and a second one would fit; such a
+        # match is found by the next run.)
         waiting: dict = {}  # node -> [(program, the match's first root)] turned down while reading the node
 
         def wait(program: Program, match: Match) -> None:

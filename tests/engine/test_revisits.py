@@ -137,3 +137,42 @@ def test_a_match_turned_down_is_sent_back_by_a_node_it_read_losing_a_user(monkey
     x, y = torch.randn(5), torch.randn(5)
     assert torch.equal(result.module(x, y), torch.relu(x) + y)
     assert not fxrules.apply_rules(result.module, rules).report.applied
+
+
+class FurtherRootMadeLater(nn.Module):
+    """``sin(x)`` and ``neg(neg(x))``: a rule turns the second into ``cos(x)``, the further root of a
+    multi-root rule whose first root, ``sin(x)``, nothing else touches."""
+
+    def forward(self, x):
+        return torch.sin(x), torch.neg(torch.neg(x))
+
+
+FURTHER_RULES = (
+    "rule pair \"sin and cos of one value\" [changes]:\n"
+    "    call_function torch.sin($v), call_function torch.cos($v) -> call_function torch.tanh($v), "
+    "call_function torch.sigmoid($v)\n"
+    "rule to_cos [changes]:\n"
+    "    call_function torch.neg(call_function torch.neg($v)) -> call_function torch.cos($v)\n"
+)
+
+
+@pytest.mark.parametrize("reach", [None, 0], ids=["as computed", "none"])
+def test_a_node_made_that_may_be_a_further_root_sends_back_its_siblings(monkeypatch, reach):
+    if reach is not None:
+        monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: reach)
+    rules = fxrules.parse_rules(FURTHER_RULES)
+    result = fxrules.apply_rules(fx.symbolic_trace(FurtherRootMadeLater()), rules)
+    assert [a.rule for a in result.report.applied] == ["to_cos", "pair"]
+    x = torch.randn(5)
+    first, second = result.module(x)
+    assert torch.equal(first, torch.tanh(x)) and torch.equal(second, torch.sigmoid(x))
+
+
+def test_further_roots_index_the_roots_after_the_first():
+    from fxrules.engine.program import further_roots
+
+    programs = compile_rules(fxrules.parse_rules(FURTHER_RULES + RELU_PAIR)).programs
+    index = further_roots(programs)
+    assert set(index.by_key) == {("call_function", torch.cos)}
+    assert [p.name for p in index.programs] == ["pair"]
+    assert further_roots(compile_rules(fxrules.parse_rules(RELU_PAIR)).programs).by_key == {}
