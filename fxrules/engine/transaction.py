@@ -966,8 +966,8 @@ class _ReplacementWriter(planner.ReplacementValues):
                 if key in source:
                     meta[key] = source[key]
         if self.origin is None:
-            rule = self.match.rule
-            self.origin = (rule.name, rule.source)
+            program = self.match.program
+            self.origin = (program.rule.name, program.source)  # (the program formatted the source once)
         meta["fxrules"] = {"rule": self.origin[0], "source": self.origin[1]}
 
 

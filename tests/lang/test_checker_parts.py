@@ -20,7 +20,7 @@ from fxrules.lang.check.calls import attribute_values, check_argument_list, chec
 from fxrules.lang.check.conditions import CAPTURE_ATTRIBUTES, check_called_path, check_conditions
 from fxrules.lang.check.driver import check_rule, contract_word
 from fxrules.lang.check.examples import MAX_EXAMPLE_COUNT, check_example, check_inputs
-from fxrules.lang.check.identity import is_identity
+from fxrules.lang.check.identity import is_identity, is_identity_as_written
 from fxrules.lang.check.patterns import check_patterns
 from fxrules.lang.check.replacements import check_forwarded_ellipses, check_replacements
 from fxrules.lang.check.reporter import Reporter, closest, did_you_mean
@@ -322,6 +322,29 @@ def test_identity_compares_names_expanded_and_keywords_in_any_order():
     assert not identity("call_function G.relu($x) -> call_function torch.nn.functional.relu($x)")
     assert identity("call_module Dropout($x) -> call_module Dropout")  # a bare call forwards the pattern's arguments
     assert not identity("call_function torch.relu($x) -> call_function torch.relu($y)")
+
+
+def test_an_identity_through_a_commutative_exchange_is_told_apart():
+    def both(text: str) -> tuple:
+        rule = rule_of(text)
+        return (is_identity(rule.patterns, rule.replacements, NO_ALIASES),
+                is_identity_as_written(rule.patterns, rule.replacements, NO_ALIASES))
+
+    assert both("call_function torch.add($x, $y) -> call_function torch.add($y, $x)") == (True, False)
+    assert both("call_function operator.mul($x, 2) -> call_function operator.mul(2, $x)") == (True, False)
+    assert both("call_function torch.relu(call_function torch.add($x, $y)) -> "
+                "call_function torch.relu(call_function torch.add($y, $x))") == (True, False)
+    assert both("call_function torch.add($x, $y) -> call_function torch.add($x, $y)") == (True, True)
+    assert both("call_function torch.sub($x, $y) -> call_function torch.sub($y, $x)") == (False, False)
+    messages = []
+    for text in ("call_function torch.add($x, $y) -> call_function torch.add($y, $x)",
+                 "call_function torch.add($x, $y) -> call_function torch.add($x, $y)"):
+        reporter = Reporter()
+        check_rule(reporter, targets(reporter), rule_of(text))
+        [error] = reporter.diagnostics
+        assert error.code == "identity-rewrite"
+        messages.append(error.message)
+    assert [("exchanged" in m, "identical" in m) for m in messages] == [(True, False), (False, True)]
 
 
 def test_example_inputs_are_bounded_and_declared_once():

@@ -15,7 +15,7 @@ from typing import Iterable, Optional
 import fxrules.lang.ast as A
 from fxrules.lang.check.conditions import check_conditions
 from fxrules.lang.check.examples import check_example
-from fxrules.lang.check.identity import is_identity
+from fxrules.lang.check.identity import is_identity, is_identity_as_written
 from fxrules.lang.check import named as N
 from fxrules.lang.check.patterns import check_body_pattern, check_patterns
 from fxrules.lang.check.replacements import check_forwarded_ellipses, check_replacements
@@ -188,8 +188,14 @@ def check_rule(reporter: Reporter, targets: Targets, rule: A.Rule, contract: str
                        f"replacement has {len(rule.replacements)}",
                        notes=["each pattern root is replaced by the replacement at the same position"])
     elif is_identity(rule.patterns, rule.replacements, targets.aliases):
-        reporter.error(rule.span, "identity-rewrite", "the replacement is identical to the pattern, so the rule "
-                                                      "could only rewrite forever")
+        if is_identity_as_written(rule.patterns, rule.replacements, targets.aliases):
+            reporter.error(rule.span, "identity-rewrite", "the replacement is identical to the pattern, so the rule "
+                                                          "could only rewrite forever")
+        else:
+            reporter.error(rule.span, "identity-rewrite",
+                           "the replacement is the pattern with a commutative call's two operands exchanged, and "
+                           "the pattern matches either order, so the rule could only rewrite forever",
+                           notes=["the engine tries a commutative call's operands both ways round"])
     for example in rule.examples:
         check_example(reporter, targets, example)
 

@@ -11,7 +11,7 @@ match the replacement in the other order.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import fxrules.lang.ast as A
 from fxrules.lang.check.scope import Aliases, unwrap
@@ -24,9 +24,19 @@ def is_identity(patterns: tuple[A.Expr, ...], replacements: tuple[A.Expr, ...], 
                for pattern, replacement in zip(patterns, replacements))
 
 
-def same(a: A.Expr, b: A.Expr, aliases: Aliases) -> bool:
+def is_identity_as_written(patterns: tuple[A.Expr, ...], replacements: tuple[A.Expr, ...], aliases: Aliases) -> bool:
+    """:func:`is_identity` without exchanging a commutative call's operands: False for a rule that is its
+    own pattern only through such an exchange (``add($x, $y) -> add($y, $x)``), whose error says so."""
+    return all(same(pattern, _filled(replacement, pattern), aliases, _not_commuted)
+               for pattern, replacement in zip(patterns, replacements))
+
+
+def same(a: A.Expr, b: A.Expr, aliases: Aliases, commuted: Optional[Callable[[A.Call, A.Call, Aliases], bool]] = None) -> bool:
     """Stops at the first difference: most rules differ from their pattern near the root, and this
-    runs for every rule."""
+    runs for every rule. ``commuted`` decides whether two calls are the same with their operands
+    exchanged (:func:`_same_commuted` unless given)."""
+    if commuted is None:
+        commuted = _same_commuted
     while type(a) is A.Bind:
         a = a.expr
     while type(b) is A.Bind:
@@ -36,14 +46,14 @@ def same(a: A.Expr, b: A.Expr, aliases: Aliases) -> bool:
         return False
     if kind is A.Call:
         return (a.op == b.op and call_target(a, aliases) == call_target(b, aliases)
-                and (_same_items(a.args, b.args, aliases) or _same_commuted(a, b, aliases))
-                and _same_keywords(a.kwargs, b.kwargs, aliases)
-                and _same_keywords(a.attrs, b.attrs, aliases)
-                and _same_items(a.builder_args, b.builder_args, aliases))
+                and (_same_items(a.args, b.args, aliases, commuted) or commuted(a, b, aliases))
+                and _same_keywords(a.kwargs, b.kwargs, aliases, commuted)
+                and _same_keywords(a.attrs, b.attrs, aliases, commuted)
+                and _same_items(a.builder_args, b.builder_args, aliases, commuted))
     if kind is A.ListExpr or kind is A.TupleExpr:
-        return _same_items(a.items, b.items, aliases)
+        return _same_items(a.items, b.items, aliases, commuted)
     if kind is A.Alt:
-        return _same_items(a.options, b.options, aliases)
+        return _same_items(a.options, b.options, aliases, commuted)
     if kind is A.Name and (len(a.dotted.parts) > 1 or len(b.dotted.parts) > 1):
         return (len(a.dotted.parts) > 1 and len(b.dotted.parts) > 1
                 and aliases.full_path(a.dotted) == aliases.full_path(b.dotted))
@@ -63,6 +73,11 @@ def _same_commuted(a: A.Call, b: A.Call, aliases: Aliases) -> bool:
     return same(a.args[0], b.args[1], aliases) and same(a.args[1], b.args[0], aliases)
 
 
+def _not_commuted(a: A.Call, b: A.Call, aliases: Aliases) -> bool:
+    """For :func:`is_identity_as_written`: no call is the same with its operands exchanged."""
+    return False
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -76,20 +91,20 @@ def call_target(call: A.Call, aliases: Aliases) -> str:
     return aliases.full_path(call.target)
 
 
-def _same_items(a: Optional[tuple], b: Optional[tuple], aliases: Aliases) -> bool:
+def _same_items(a: Optional[tuple], b: Optional[tuple], aliases: Aliases, commuted: Callable) -> bool:
     if a is None or b is None:
         return a is b
-    return len(a) == len(b) and all(same(x, y, aliases) for x, y in zip(a, b))
+    return len(a) == len(b) and all(same(x, y, aliases, commuted) for x, y in zip(a, b))
 
 
-def _same_keywords(a: Optional[tuple], b: Optional[tuple], aliases: Aliases) -> bool:
+def _same_keywords(a: Optional[tuple], b: Optional[tuple], aliases: Aliases, commuted: Callable) -> bool:
     """Keyword arguments (or attributes) by name, whatever their order."""
     if a is None or b is None:
         return a is b
     if len(a) != len(b):
         return False
     a, b = sorted(a, key=_name), sorted(b, key=_name)
-    return all(x.name == y.name and same(x.value, y.value, aliases) for x, y in zip(a, b))
+    return all(x.name == y.name and same(x.value, y.value, aliases, commuted) for x, y in zip(a, b))
 
 
 def _name(keyword: A.Keyword) -> str:
