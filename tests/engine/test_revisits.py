@@ -48,6 +48,13 @@ def test_reach_of_a_rule_set_of_one_level_patterns():
     assert _revisit_reach(programs, 1) == 1
 
 
+@pytest.fixture(params=[None, 0], ids=["reach as computed", "no reach"])
+def any_reach(request, monkeypatch):
+    """The revisit's reach as the rule set asks for it, or none at all (only the touched nodes)."""
+    if request.param is not None:
+        monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: request.param)
+
+
 class UsersAtTheCaptureLevel(nn.Module):
     """``a = sin(x)`` is used by ``b = relu(a)`` (under ``c = neg(b)``) and by ``d = a + y``. The rule rooted
     at ``c`` needs ``users(a) == 1``; another rule replaces ``d`` by ``y``, so ``a`` loses a user two levels
@@ -67,21 +74,17 @@ USERS_RULES = (
 )
 
 
-def test_a_capture_losing_a_user_two_levels_below_a_root_is_revisited(monkeypatch):
+def test_a_capture_losing_a_user_two_levels_below_a_root_is_revisited(any_reach):
     rules = fxrules.parse_rules(USERS_RULES)
     result = fxrules.apply_rules(fx.symbolic_trace(UsersAtTheCaptureLevel()), rules)
     # neg_relu is tried first (rule order) and its condition fails (sin has two users): the match waits on
-    # the nodes it read; drop_add then leaves sin one user, and sin sends neg_relu's match back
+    # the nodes it read; drop_add then leaves sin one user, and sin sends neg_relu's match back (a node that
+    # only lost a user is not revisited through its users: the waiting match is what finds it, with any reach)
     assert result.counts == {"drop_add": 1, "neg_relu": 1}
     assert not fxrules.apply_rules(result.module, rules).report.applied
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     c, d = result.module(x, y)
     assert torch.equal(c, torch.tanh(torch.sin(x))) and torch.equal(d, y)
-    # a node that only lost a user is not revisited through its users any more: the waiting match is what
-    # finds it, with any reach
-    monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: 0)
-    short = fxrules.apply_rules(fx.symbolic_trace(UsersAtTheCaptureLevel()), rules)
-    assert short.counts == {"drop_add": 1, "neg_relu": 1}
 
 
 def test_one_level_less_reaches_every_match_of_a_module_chain():
@@ -124,12 +127,9 @@ INTERIOR_RULES = (
 )
 
 
-@pytest.mark.parametrize("reach", [None, 0], ids=["as computed", "none"])
-def test_a_match_turned_down_is_sent_back_by_a_node_it_read_losing_a_user(monkeypatch, reach):
+def test_a_match_turned_down_is_sent_back_by_a_node_it_read_losing_a_user(any_reach):
     """A node that only lost a user is not revisited through its users: the matches turned down while
     reading it wait on it, and come back when it changes, whatever the reach."""
-    if reach is not None:
-        monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: reach)
     rules = fxrules.parse_rules(INTERIOR_RULES)
     result = fxrules.apply_rules(fx.symbolic_trace(InteriorUsedOutside()), rules)
     assert [a.rule for a in result.report.applied] == ["drop_factor", "relu_twice"]
@@ -156,10 +156,7 @@ FURTHER_RULES = (
 )
 
 
-@pytest.mark.parametrize("reach", [None, 0], ids=["as computed", "none"])
-def test_a_node_made_that_may_be_a_further_root_sends_back_its_siblings(monkeypatch, reach):
-    if reach is not None:
-        monkeypatch.setattr("fxrules.engine.driver._revisit_reach", lambda programs, depth: reach)
+def test_a_node_made_that_may_be_a_further_root_sends_back_its_siblings(any_reach):
     rules = fxrules.parse_rules(FURTHER_RULES)
     result = fxrules.apply_rules(fx.symbolic_trace(FurtherRootMadeLater()), rules)
     assert [a.rule for a in result.report.applied] == ["to_cos", "pair"]
