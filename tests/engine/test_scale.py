@@ -180,10 +180,11 @@ def test_many_rules_apply_to_zoo_models(many_rules, name, expected):
 #
 # A quadratic step hides at the sizes the other tests use and costs seconds at 16,000 nodes (an
 # in-place run of ``add -> sub(x, neg(y))`` over 16,000 adds once took 20.7 s against 1.3 s copying:
-# each erasure walked back over every node made before it; with ``neg(neg($v)) -> $v`` beside it, 8,000
-# adds took 52 s either way: each rewrite revisited every user of the input it took a user from). Timing it would be noise on a shared
-# machine; counting the Python calls a run makes is exact: at four times the nodes a linear run
-# makes about four times the calls (less: some work is per run), a quadratic one about sixteen.
+# each erasure walked back over every node made before it; with ``neg(neg($v)) -> $v`` beside it,
+# 8,000 adds took 52 s either way: each rewrite revisited every user of the input it took a user
+# from). Timing it would be noise on a shared machine; counting the Python calls a run makes is
+# exact: at four times the nodes a linear run makes about four times the calls (less: some work is
+# per run), a quadratic one about sixteen.
 
 
 def python_calls(run) -> int:
