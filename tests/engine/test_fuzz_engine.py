@@ -645,18 +645,29 @@ def test_rules_reading_no_capture_on_random_graphs(spec, rules):
 
 def _outcome(gm: fx.GraphModule, rules: fxrules.RuleSet, inputs: Optional[tuple], *, shortcuts: bool) -> tuple:
     """What a run gives: its code, every rewrite (rule, matched, created, replaced by) in order and the refusals,
-    or its error. ``shortcuts=False``: without direct matchers and with revisits to the full depth (the
-    interpreter and the reach before them), switched for this run only."""
-    saved = driver.direct_matcher, driver._revisit_reach
+    or its error. ``shortcuts=False``: without direct matchers, with revisits to the full depth, and with the
+    nodes that only lost users revisited through their users as touched nodes are (the interpreter and the
+    revisits before them), switched for this run only."""
+    saved = driver.direct_matcher, driver._revisit_reach, driver.apply_match
     if not shortcuts:
+        apply_match = driver.apply_match
+
+        def lost_revisited(work, match, plan):
+            outcome = apply_match(work, match, plan)
+            if not isinstance(outcome, tuple):  # a refusal
+                return outcome
+            entry, touched, lost = outcome
+            return entry, touched | lost, set()
+
         driver.direct_matcher = lambda program: None
         driver._revisit_reach = lambda programs, depth: depth
+        driver.apply_match = lost_revisited
     try:
         result = fxrules.apply_rules(gm, rules, example_inputs=inputs)
     except fxrules.RewriteError as exc:  # (no metadata for a condition, without inputs: both runs alike)
         return ("error", str(exc))
     finally:
-        driver.direct_matcher, driver._revisit_reach = saved
+        driver.direct_matcher, driver._revisit_reach, driver.apply_match = saved
     return (result.module.code, [(a.rule, a.matched, a.created, a.replaced_by) for a in result.report.applied],
             sorted((r.rule, r.matched, r.code) for r in result.report.rejected))
 
@@ -665,8 +676,9 @@ def _outcome(gm: fx.GraphModule, rules: fxrules.RuleSet, inputs: Optional[tuple]
        with_inputs=st.booleans())
 @pytest.mark.slow
 def test_direct_matchers_and_shallower_revisits_change_no_rewrite(spec, rules, with_inputs):
-    """The same rewrites, in the same order, the same refusals and the same code with the direct matchers
-    and the reach of ``_revisit_reach`` as with the interpreter alone and revisits to the full depth."""
+    """The same rewrites, in the same order, the same refusals and the same code with the direct matchers,
+    the reach of ``_revisit_reach`` and the matches a node that lost users sends back, as with the
+    interpreter alone, revisits to the full depth and those nodes' users revisited."""
     gm = build(spec)
     inputs = example_inputs(spec) if with_inputs else None
     assert _outcome(gm, rules, inputs, shortcuts=True) == _outcome(gm, rules, inputs, shortcuts=False)
