@@ -48,6 +48,14 @@ def test_reach_of_a_rule_set_of_one_level_patterns():
     assert _revisit_reach(programs, 1) == 1
 
 
+def to_fixpoint(model: nn.Module, text: str) -> fxrules.RewriteResult:
+    """``text``'s rules applied to the traced ``model``; a second run on the result applies nothing."""
+    rules = fxrules.parse_rules(text)
+    result = fxrules.apply_rules(fx.symbolic_trace(model), rules)
+    assert not fxrules.apply_rules(result.module, rules).report.applied
+    return result
+
+
 @pytest.fixture(params=[None, 0], ids=["reach as computed", "no reach"])
 def any_reach(request, monkeypatch):
     """The revisit's reach as the rule set asks for it, or none at all (only the touched nodes)."""
@@ -75,13 +83,11 @@ USERS_RULES = (
 
 
 def test_a_capture_losing_a_user_two_levels_below_a_root_is_revisited(any_reach):
-    rules = fxrules.parse_rules(USERS_RULES)
-    result = fxrules.apply_rules(fx.symbolic_trace(UsersAtTheCaptureLevel()), rules)
+    result = to_fixpoint(UsersAtTheCaptureLevel(), USERS_RULES)
     # neg_relu is tried first (rule order) and its condition fails (sin has two users): the match waits on
     # the nodes it read; drop_add then leaves sin one user, and sin sends neg_relu's match back (a node that
     # only lost a user is not revisited through its users: the waiting match is what finds it, with any reach)
     assert result.counts == {"drop_add": 1, "neg_relu": 1}
-    assert not fxrules.apply_rules(result.module, rules).report.applied
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     c, d = result.module(x, y)
     assert torch.equal(c, torch.tanh(torch.sin(x))) and torch.equal(d, y)
@@ -130,13 +136,11 @@ INTERIOR_RULES = (
 def test_a_match_turned_down_is_sent_back_by_a_node_it_read_losing_a_user(any_reach):
     """A node that only lost a user is not revisited through its users: the matches turned down while
     reading it wait on it, and come back when it changes, whatever the reach."""
-    rules = fxrules.parse_rules(INTERIOR_RULES)
-    result = fxrules.apply_rules(fx.symbolic_trace(InteriorUsedOutside()), rules)
+    result = to_fixpoint(InteriorUsedOutside(), INTERIOR_RULES)
     assert [a.rule for a in result.report.applied] == ["drop_factor", "relu_twice"]
     assert not result.report.rejected  # the refusal that came first is not reported: the match went through
     x, y = torch.randn(5), torch.randn(5)
     assert torch.equal(result.module(x, y), torch.relu(x) + y)
-    assert not fxrules.apply_rules(result.module, rules).report.applied
 
 
 class FurtherRootMadeLater(nn.Module):
@@ -157,8 +161,7 @@ FURTHER_RULES = (
 
 
 def test_a_node_made_that_may_be_a_further_root_sends_back_its_siblings(any_reach):
-    rules = fxrules.parse_rules(FURTHER_RULES)
-    result = fxrules.apply_rules(fx.symbolic_trace(FurtherRootMadeLater()), rules)
+    result = to_fixpoint(FurtherRootMadeLater(), FURTHER_RULES)
     assert [a.rule for a in result.report.applied] == ["to_cos", "pair"]
     x = torch.randn(5)
     first, second = result.module(x)
