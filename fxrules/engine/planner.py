@@ -1450,20 +1450,24 @@ def output_alias_introduced(match: Match, effects: Effects) -> Optional[Refusal]
         sources = _template_sources(replacement, match, effects)
         if not sources:
             continue
+        # the storage the replacement may bring that the root did not have, asked before whether the root
+        # reaches the output: that walk follows every view of the root, the rest of the graph in a chain of
+        # views (`x.transpose(0, 1)` n times: each pair rewritten walked it, quadratic), and most
+        # replacements share only the root's own storage (`-> $x` for a view of $x)
+        before = analysis.roots(root)
+        new = [origin for source in sources for origin in _origins(analysis, source) if origin not in before]
+        if not new:
+            continue
         reach = analysis.descendants(root)
         if not any(user.op == "output" for node in reach for user in node.users):
             continue
-        before = analysis.roots(root)
         copy = _is_copy(root)
-        for source in sources:
-            for origin in _origins(analysis, source):
-                if origin in before:
-                    continue
-                what = _output_alias_kind(origin, copy, reach, matched, analysis, effects)
-                if what is not None:
-                    return Refusal(RefusalCode.OUTPUT_ALIAS_INTRODUCED,
-                                   f"%{root.name} is returned by the graph; its replacement would share storage with "
-                                   f"{what} %{origin.name}", (root.name, origin.name))
+        for origin in dict.fromkeys(new):
+            what = _output_alias_kind(origin, copy, reach, matched, analysis, effects)
+            if what is not None:
+                return Refusal(RefusalCode.OUTPUT_ALIAS_INTRODUCED,
+                               f"%{root.name} is returned by the graph; its replacement would share storage with "
+                               f"{what} %{origin.name}", (root.name, origin.name))
     return None
 
 

@@ -228,6 +228,16 @@ def one_node_many_readers(n: int) -> fx.GraphModule:
     return fx.GraphModule(nn.Module(), graph)
 
 
+def chain_of_views(n: int) -> fx.GraphModule:
+    """``v = v.transpose(0, 1)``, ``n`` times: every node is a view of the input, the last one returned."""
+    graph = fx.Graph()
+    value = graph.placeholder("x")
+    for _ in range(n):
+        value = graph.call_method("transpose", (value, 0, 1))
+    graph.output(value)
+    return fx.GraphModule(nn.Module(), graph)
+
+
 def nested_modules(n: int) -> fx.GraphModule:
     """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
     root = nn.Module()
@@ -267,6 +277,11 @@ SHAPES = {
     "one_node_many_readers": (one_node_many_readers,
                               "rule relu_twice [exact]: call_function torch.relu(call_function torch.relu($x))"
                               " -> call_function torch.relu($x)\n"),
+    # each pair's root reaches the output through every view after it (the check of a replacement that
+    # would make the output share storage walked them all, for a replacement sharing only the root's own)
+    "chain_of_views": (chain_of_views,
+                       "rule transposes [exact]: call_method transpose(call_method transpose($x, $a, $b), $a, $b)"
+                       " -> $x\n"),
     "nested_modules": (nested_modules,
                        "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                        "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),
@@ -280,7 +295,7 @@ def test_the_work_of_a_run_grows_linearly(shape, inplace):
     rules = fxrules.parse_rules(text, source=f"{shape}.fxr")
     fxrules.apply_rules(build(50), rules, inplace=inplace)  # imports and first-call work out of the count
     small, large = build(400), build(1600)
-    x = torch.randn(3, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
     expected = large(x)
     results = []
     counts = [python_calls(lambda gm=gm: results.append(fxrules.apply_rules(gm, rules, inplace=inplace)))
