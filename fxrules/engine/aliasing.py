@@ -405,30 +405,55 @@ class Aliasing:
                     stack.append(base)
         return found
 
+    def ancestors(self, node: fx.Node) -> set:
+        """``node`` and every node whose storage its value may share through its bases, walked up (the walk
+        :meth:`roots` makes: the roots are those without bases). ``node`` is in :meth:`descendants` of each."""
+        seen = {node}
+        stack = [node]
+        while stack:
+            for base in self.bases(stack.pop()):
+                if base not in seen:
+                    seen.add(base)
+                    stack.append(base)
+        return seen
+
     def descendants(self, node: fx.Node) -> dict:
         """``node`` and every node that may share storage with it through it (views, views of views),
         as an ordered set."""
-        found = {node: None}
-        stack = [node]
-        while stack:
-            current = stack.pop()
-            for user in current.users:
-                if user not in found and user.op != "output" and current in self.bases(user):
-                    found[user] = None
-                    stack.append(user)
+        return self.tree_of((node,))
+
+    def tree_of(self, tops: Iterable[fx.Node], limit: Optional[int] = None) -> Optional[dict]:
+        """The :meth:`descendants` of each of ``tops``, in order, as one ordered set; None as soon as it
+        would hold more than ``limit`` nodes (when given)."""
+        found: dict = {}
+        for top in tops:
+            if top in found:
+                continue
+            found[top] = None
+            stack = [top]
+            while stack:
+                current = stack.pop()
+                for user in current.users:
+                    if user not in found and user.op != "output" and current in self.bases(user):
+                        found[user] = None
+                        stack.append(user)
+                        if limit is not None and len(found) > limit:
+                            return None
         return found
 
-    def storage_tree(self, node: fx.Node) -> dict:
-        """Every node that may share storage with ``node``: the descendants of its roots, and of
-        get_attr nodes holding a tensor of the same storage (tied parameters)."""
-        tree: dict = {}
+    def storage_tops(self, node: fx.Node) -> set:
+        """The nodes whose descendants are :meth:`storage_tree`: ``node``'s roots, and the get_attr nodes
+        holding a tensor of the same storage as a get_attr root (tied parameters)."""
         roots = self.roots(node)
         for root in list(roots):
             if root.op == "get_attr":
                 roots.update(self.tied(root))
-        for root in roots:
-            tree.update(self.descendants(root))
-        return tree
+        return roots
+
+    def storage_tree(self, node: fx.Node) -> dict:
+        """Every node that may share storage with ``node``: the descendants of its roots, and of
+        get_attr nodes holding a tensor of the same storage (tied parameters)."""
+        return self.tree_of(self.storage_tops(node))
 
     def tied(self, node: fx.Node) -> list:
         """get_attr nodes of ``node``'s graph whose tensor shares ``node``'s tensor's storage."""

@@ -960,6 +960,14 @@ def _direct_as_written(pattern: PCall, memo: dict) -> Callable:
     return as_written
 
 
+def _may_be(node: fx.Node, keys: frozenset) -> bool:
+    """Whether ``node``'s (op, target) is among ``keys`` (True for an unhashable target: the matcher decides)."""
+    try:
+        return (node.op, node.target) in keys
+    except TypeError:
+        return True
+
+
 def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: bool = True) -> "Match | Miss":
     """Match ``program`` with its first root at ``node``.
 
@@ -971,8 +979,8 @@ def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: 
         return Miss(program, node, matcher.fail_depth, matcher.fail_reason or "the root does not match",
                     matcher.fail_span, matcher.fail_code)
     roots = [node]
-    for pattern in program.roots[1:]:
-        found = _match_other_root(matcher, pattern, roots)
+    for pattern, keys in zip(program.roots[1:], program.further_keys):
+        found = _match_other_root(matcher, pattern, keys, roots)
         if found is None:
             return Miss(program, node, matcher.fail_depth + 1,
                         "no node matches the rule's other root over the same captures", matcher.fail_span,
@@ -986,19 +994,34 @@ def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: 
     return Match(program, tuple(roots), env)
 
 
-def _match_other_root(matcher: _Matcher, pattern: Any, roots: list) -> Optional[fx.Node]:
+def _match_other_root(matcher: _Matcher, pattern: Any, keys: Optional[frozenset], roots: list) -> Optional[fx.Node]:
+    """The first node, in graph order, that matches a further root ``pattern`` with the bindings so far: among
+    the users of the captured and named nodes, or, when they have none, among all nodes. ``keys``
+    (:attr:`Program.further_keys`): the (op, target) pairs the pattern can match; a node with another is
+    not tried (an input read by thousands of nodes made each match try them all: quadratic)."""
     env = matcher.env
     seen = set(roots)
     candidates: list = []
+    any_user = False
+    matched = env.nodes
     for value in list(env.captures.values()) + list(env.names.values()):
         if isinstance(value, fx.Node):
             for user in value.users:
-                if user not in seen and user not in env.nodes:
-                    seen.add(user)
-                    candidates.append(user)
-    if not candidates:
+                if user in seen or user in matched:
+                    continue
+                seen.add(user)
+                any_user = True
+                if keys is not None:
+                    try:
+                        if (user.op, user.target) not in keys:
+                            continue
+                    except TypeError:  # an unhashable target: the matcher decides
+                        pass
+                candidates.append(user)
+    if not any_user:
         graph = roots[0].graph
-        candidates = [n for n in graph.nodes if n not in seen and n not in env.nodes]
+        candidates = [n for n in graph.nodes if n not in seen and n not in env.nodes
+                      and (keys is None or _may_be(n, keys))]
     candidates.sort()
     for candidate in candidates:
         state = env.snapshot()

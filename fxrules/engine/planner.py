@@ -36,6 +36,7 @@ Which values share storage, which calls are known pure and which draw random num
 
 from __future__ import annotations
 
+import bisect
 import operator
 import types
 from dataclasses import dataclass
@@ -102,6 +103,13 @@ class Effects:
         # the last of those writers in graph order (None: there is none), or _UNKNOWN until asked again
         # after the set changed: see writes_after
         self._last_writer: Any = _UNKNOWN
+        # those writers in graph order, with their position keys (fxaccess.sort_key), or None until asked again
+        # after the set changed: see writers_between
+        self._in_order: Optional[tuple] = None
+        # edits of the graph so far: the workpiece counts each node it makes, erases or rewires
+        self.edits = 0
+        # (edits when filled, {node: Aliasing.ancestors(node)}): see storage_ancestors
+        self._ancestors: tuple = (0, {})
         # (graph, {node: None}) for the nodes that draw random numbers: found by the same walk, kept alike
         self._random: Optional[tuple] = None
         self._may_draw: dict = {}  # call_function target -> whether some call of it may draw random numbers
@@ -518,6 +526,35 @@ class Effects:
             self._last_writer = last
         return last is not None and node < last
 
+    def writers_between(self, graph: fx.Graph, after: Optional[fx.Node], before: Optional[fx.Node]) -> list:
+        """The nodes of :meth:`writers` strictly after ``after`` and strictly before ``before`` (None: no
+        bound), in graph order: two bisections of the writers sorted once per change of the set (no rewrite
+        moves a node)."""
+        writers = self.writers(graph)
+        if not writers:
+            return []
+        entry = self._in_order
+        if entry is None or entry is _UNKNOWN:
+            key = fxaccess.sort_key
+            nodes = sorted(writers, key=key)
+            entry = self._in_order = (nodes, [key(n) for n in nodes])
+        nodes, keys = entry
+        low = 0 if after is None else bisect.bisect_right(keys, fxaccess.sort_key(after))
+        high = len(nodes) if before is None else bisect.bisect_left(keys, fxaccess.sort_key(before))
+        return nodes[low:high]
+
+    def storage_ancestors(self, node: fx.Node) -> set:
+        """:meth:`Aliasing.ancestors` of ``node``, remembered until the graph is next edited (:attr:`edits`
+        changes: the workpiece adds one for each node it makes, erases or rewires)."""
+        edits, known = self._ancestors
+        if edits != self.edits:
+            known = {}
+            self._ancestors = (self.edits, known)
+        found = known.get(node)
+        if found is None:
+            found = known[node] = self.aliasing.ancestors(node)
+        return found
+
     def _scan(self, graph: fx.Graph) -> None:
         """The one walk of a run that finds both kinds of writer: the nodes that write an input in place
         (:meth:`writers`) and the module calls that write their module's own tensors
@@ -571,7 +608,7 @@ class Effects:
                 if scan[1] and aliasing.method_draws_random(node.target):
                     random[node] = None
         self._writer_nodes = (graph, writer_nodes)
-        self._last_writer = _UNKNOWN
+        self._last_writer = self._in_order = _UNKNOWN
         self._writers = (graph, module_writers)
         self._random = (graph, random)
 
@@ -628,9 +665,9 @@ class Effects:
                     pass
             if writes and self.mutated_inputs(node):
                 entry[1][node] = None
-                self._last_writer = _UNKNOWN
+                self._last_writer = self._in_order = _UNKNOWN
             elif entry[1].pop(node, _ABSENT) is not _ABSENT:
-                self._last_writer = _UNKNOWN
+                self._last_writer = self._in_order = _UNKNOWN
         entry = self._random
         if entry is not None and node.graph is entry[0]:
             if call and self.draws_random(node):  # a function that never draws: one lookup per target
@@ -649,7 +686,7 @@ class Effects:
     def node_erased(self, node: fx.Node) -> None:
         self._module_keys.pop(node, None)
         if self._writer_nodes is not None and self._writer_nodes[1].pop(node, _ABSENT) is not _ABSENT:
-            self._last_writer = _UNKNOWN
+            self._last_writer = self._in_order = _UNKNOWN
         if self._random is not None:
             self._random[1].pop(node, None)
         if self._writers is not None:
@@ -1379,7 +1416,7 @@ def replaced_by_value(match: Match, effects: Effects) -> Optional[Refusal]:
         if not writes or (value is None and not analysis.bases(root)
                           and not _template_may_alias(replacement, match, effects)):
             continue
-        hit = analysis.first_write(analysis.descendants(root), effects.mutated_inputs, skip=matched)
+        hit = first_write_below(effects, (root,), matched)
         if hit is None:
             continue
         written, writer = hit
@@ -1419,8 +1456,7 @@ def reads_across_mutation(match: Match, effects: Effects, inputs: list) -> Optio
                        for r, root in zip(match.program.replacements, roots))
     last = None if aliases_root else max(roots)
     for value in inputs:
-        hit = analysis.first_write(analysis.storage_tree(value), effects.mutated_inputs, skip=matched, after=first,
-                                   before=last)
+        hit = first_write_below(effects, analysis.storage_tops(value), matched, after=first, before=last)
         if hit is None:
             continue
         written, writer = hit
@@ -1434,6 +1470,45 @@ def reads_across_mutation(match: Match, effects: Effects, inputs: list) -> Optio
                        f"%{value.name} is modified in place{through} by %{writer.name} between the matched nodes and "
                        f"the place the replacement reads it", (value.name, writer.name))
     return None
+
+
+TREE_LIMIT = 64
+"""How many nodes :func:`first_write_below` walks down a storage tree before asking the writers instead."""
+
+
+def first_write_below(effects: Effects, tops: Iterable[fx.Node], skip: Any, after: Optional[fx.Node] = None,
+                      before: Optional[fx.Node] = None) -> Optional[tuple]:
+    """``(written node, writer)`` for the earliest node outside ``skip``, strictly after ``after`` and before
+    ``before`` when given, that writes in place a node of the storage tree below ``tops`` (the
+    :meth:`~Aliasing.descendants` of each), or None: :meth:`Aliasing.first_write` over that tree.
+
+    Most trees are a few nodes (a value and its views), and are walked. A tree can be most of the graph (a
+    chain of n views, an input that n views read): walking it for every match made those checks quadratic
+    (a chain of transposes before an in-place add: 1.95 s at 2,000 nodes). Past :data:`TREE_LIMIT` nodes the
+    question is turned around when the writers that could answer it are few (they are, in most graphs): each
+    writer in the window, in graph order, is asked whether a node it writes has one of ``tops`` among the
+    nodes its storage comes from (:meth:`Effects.storage_ancestors`, remembered until the graph changes, so
+    a run of matches turned down pays for each written node once). The first that does is the earliest
+    writer, as the walk finds it. (Where that writer writes two nodes of the tree, the walk names the first in
+    the tree's order and this the first in the writer's arguments: the refusal is the same, its "through"
+    may name the other.)"""
+    analysis = effects.aliasing
+    tree = analysis.tree_of(tops, TREE_LIMIT)
+    if tree is None:
+        tops = set(tops)
+        graph = next(iter(tops)).graph
+        # a writer of a node of the tree reads it, so comes after it, so after the first of the tops
+        writers = effects.writers_between(graph, after if after is not None else min(tops), before)
+        if len(writers) <= TREE_LIMIT:
+            for writer in writers:
+                if writer in skip:
+                    continue
+                for written in effects.mutated_inputs(writer):
+                    if not tops.isdisjoint(effects.storage_ancestors(written)):
+                        return written, writer
+            return None
+        tree = analysis.tree_of(tops)
+    return analysis.first_write(tree, effects.mutated_inputs, skip=skip, after=after, before=before)
 
 
 def output_alias_introduced(match: Match, effects: Effects) -> Optional[Refusal]:
@@ -1450,10 +1525,16 @@ def output_alias_introduced(match: Match, effects: Effects) -> Optional[Refusal]
         sources = _template_sources(replacement, match, effects)
         if not sources:
             continue
-        # the storage the replacement may bring that the root did not have, asked before whether the root
-        # reaches the output: that walk follows every view of the root, the rest of the graph in a chain of
-        # views (`x.transpose(0, 1)` n times: each pair rewritten walked it, quadratic), and most
-        # replacements share only the root's own storage (`-> $x` for a view of $x)
+        # Whether the root reaches the output is asked one level down first (the usual root is neither
+        # returned nor viewed); past that, the storage the replacement may bring that the root did not have
+        # is asked before walking the root's views: in a chain of views (`x.transpose(0, 1)` n times) that
+        # walk is the rest of the graph (each pair rewritten walked it: quadratic), and most replacements
+        # there share only the root's own storage (`-> $x` for a view of $x). The same answer either way.
+        for user in root.users:
+            if user.op == "output" or root in analysis.bases(user):
+                break
+        else:  # neither returned nor viewed
+            continue
         before = analysis.roots(root)
         new = [origin for source in sources for origin in _origins(analysis, source) if origin not in before]
         if not new:

@@ -256,6 +256,7 @@ class Program:
     source: str = ""  # the rule's ``file:line`` (CheckedRule.source, formatted once: every report entry names it)
     calls: tuple = ()  # every RCall of the replacements (nested ones and shared nodes' included), outermost first
     makes_nodes: bool = False  # some call of `calls` makes a node (one that does not compute a matched node again)
+    further_keys: tuple = ()  # per further root (roots[1:]): the (op, target) pairs it can match, or None (see _call_keys)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", self.rule.source)
@@ -275,6 +276,7 @@ class Program:
         object.__setattr__(self, "reads", _reads(self.replacements))
         object.__setattr__(self, "new_calls_only", _new_calls_only(self.replacements, self.reads))
         object.__setattr__(self, "prefilter", keys[0] if len(keys) == 1 else None)
+        object.__setattr__(self, "further_keys", tuple(_call_keys(root) for root in self.roots[1:]))
 
     @property
     def name(self) -> str:
@@ -848,6 +850,20 @@ def _match_keys(pattern: "PCall") -> Optional[frozenset]:
         return None
     try:
         return frozenset((pattern.op, t) for t in pattern.targets)
+    except TypeError:
+        return None
+
+
+def _call_keys(pattern: Pattern) -> Optional[frozenset]:
+    """The (op, target) pairs of the nodes a root pattern can match, when it only matches call_function and
+    call_method nodes (a call pattern, bound or among alternatives) with hashable targets; else None. The
+    search for a multi-root rule's further roots skips a candidate whose pair is not among them: the
+    matcher would refuse it on its op or target, before reading anything else."""
+    keys = _keys(pattern)
+    if not keys or any(op not in ("call_function", "call_method") for op, _ in keys):
+        return None
+    try:
+        return frozenset(keys)
     except TypeError:
         return None
 

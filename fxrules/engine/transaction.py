@@ -301,23 +301,27 @@ class Workpiece:
         journal.creating(args, kwargs)
         node = fxaccess.create_node(self.graph, op, target, args, kwargs, self._node_names)
         journal.created(node)
+        self.effects.edits += 1
         return node
 
     def replace_uses(self, root: fx.Node, value: fx.Node) -> None:
         """Every use of ``root`` becomes a use of ``value``."""
         self.journal.replacing(root, value)
         root.replace_all_uses_with(value)
+        self.effects.edits += 1
 
     def repoint(self, user: fx.Node, old: fx.Node, new: fx.Node) -> None:
         """``user`` reads ``new`` where it read ``old``."""
         self.journal.repointing(user, new)
         user.replace_input_with(old, new)
+        self.effects.edits += 1
 
     def erase(self, node: fx.Node) -> None:
         """Erase ``node`` (it has no users left)."""
         self.journal.erasing(node)
         fxaccess.erase_node(self.graph, node)
         self.erased(node)
+        self.effects.edits += 1
 
     def meta_of(self, node: fx.Node) -> dict:
         """``node.meta``, to be written."""
