@@ -193,6 +193,35 @@ class SharedInput(nn.Module):
         return v
 
 
+# ------------------------------------------------------------------------- chains
+
+
+class ReluChain(nn.Module):
+    """``x = torch.relu(x)``, ``depth`` times: each rewrite of a pair leaves a new pair (a cascade)."""
+
+    def __init__(self, depth: int):
+        super().__init__()
+        self.depth = depth
+
+    def forward(self, x: Tensor) -> Tensor:
+        for _ in range(self.depth):
+            x = torch.relu(x)
+        return x
+
+
+class TransposeChain(nn.Module):
+    """``x = x.transpose(0, 1)``, ``depth`` times: every node a view of the input, the last one returned."""
+
+    def __init__(self, depth: int):
+        super().__init__()
+        self.depth = depth
+
+    def forward(self, x: Tensor) -> Tensor:
+        for _ in range(self.depth):
+            x = x.transpose(0, 1)
+        return x
+
+
 # ------------------------------------------------------------------------ registry
 
 #: family -> (model factory taking a depth, input shape)
@@ -203,6 +232,8 @@ FAMILIES: dict[str, tuple[Callable[[int], nn.Module], tuple[int, ...]]] = {
     "exported": (lambda depth: _seeded(lambda: DeepTransformer(depth)), (2, _SEQ, _DIM)),
     "sequential": (lambda depth: _seeded(lambda: _sequential(depth)), (2, _MLP_WIDTH)),
     "shared": (lambda depth: SharedInput(depth).eval(), (2, _MLP_WIDTH)),
+    "relu_chain": (lambda depth: ReluChain(depth).eval(), (2, _MLP_WIDTH)),
+    "transpose_chain": (lambda depth: TransposeChain(2 * depth).eval(), (2, _MLP_WIDTH)),
 }
 
 

@@ -398,6 +398,40 @@ def _shared_inductor() -> Runner:
     return _inductor_runner(pattern_pass)
 
 
+def _to_fixpoint(runner: Runner) -> Runner:
+    """``runner`` again until it rewrites nothing (a cascade: each rewrite of a pair makes the next pair,
+    which one pass in graph order or in reverse does not revisit): the rewrites of all passes."""
+
+    def run(gm: fx.GraphModule) -> int:
+        total = 0
+        while True:
+            count = runner(gm)
+            if not count:
+                return total
+            total += count
+
+    return run
+
+
+def _cascade_rp() -> Runner:
+    return _to_fixpoint(_relu_rp())
+
+
+def _cascade_inductor() -> Runner:
+    pm = _inductor()
+    pattern_pass = pm.PatternMatcherPass()
+    pm.register_graph_pattern(pm.CallFunction(torch.relu, pm.CallFunction(torch.relu, pm.KeywordArg("x"))),
+                              pass_dict=pattern_pass)(_replace_root_by_call("call_function", torch.relu, ("x",)))
+    passes = _to_fixpoint(pattern_pass.apply)
+
+    def run(gm: fx.GraphModule) -> int:
+        count = passes(gm)
+        gm.recompile()  # once, after the last pass
+        return count
+
+    return run
+
+
 CONV_BN_RULE = """
 rule fold_conv2d_bn "conv2d + batchnorm2d (eval) -> one conv2d" [approx]:
     call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn
@@ -665,6 +699,12 @@ _add(Workload("shared_input", "shared",
               "one input read by every block: `x + y` -> `torch.add(x, y)` and `relu(relu(x))` -> `relu(x)` (1 each per "
               "block); each add rewritten takes a user from the input", SHARED_RULES, True, _shared_rp, _shared_inductor,
               rule_count=2))
+_add(Workload("relu_cascade", "relu_chain",
+              "a chain of `torch.relu` collapsed by `relu(relu(x))` -> `relu(x)`, one pair after another (the peers "
+              "run their pass until it rewrites nothing)", RELU_RULE, True, _cascade_rp, _cascade_inductor))
+_add(Workload("transpose_chain", "transpose_chain",
+              "`x.transpose(0, 1)` repeated: each pair -> `x`; every node is a view of the input", TRANSPOSE_RULE, True,
+              _transpose_rp, _transpose_inductor))
 _add(Workload("conv_bn", "cnn", "conv+bn folding with fxrules.builders.fold_conv_bn (2 per block)",
               CONV_BN_RULE, False, _conv_bn_rp, _conv_bn_inductor, builds=_conv_bn_builds))
 for _n in (10, 50, 500):

@@ -13,13 +13,13 @@ run = pytest.importorskip("benchmarks.run")
 @pytest.mark.slow
 def test_smoke_run_checks_every_tool_agrees(capsys):
     status = run.main(["--smoke", "--workloads", "relu_relu,linear_gelu_dropout,double_transpose,conv_bn,aten_cleanup,module_pairs,"
-                       "shared_input",
+                       "shared_input,relu_cascade,transpose_chain",
                        "--tools", "fxrules,inplace,inductor,floor", "--parse", "", "--no-memory", "--no-warmup",
                        "--no-breakdown"])
     out = capsys.readouterr().out
     assert status == 0, out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "| ok |" in line]
-    assert len(rows) == 7, out
+    assert len(rows) == 9, out
     for row in rows:  # both modes of fxrules made the same rewrites as inductor
         cells = [c.strip() for c in row.split("|")]
         fx, ip, rp, ind = cells[-3].split("/")
@@ -27,8 +27,8 @@ def test_smoke_run_checks_every_tool_agrees(capsys):
     goals = out[out.index("Issue 17's goals"):]
     goal_rows = [line for line in goals.splitlines() if line.startswith("| ") and line[2:].split(" |")[0] in
                  ("relu_relu", "linear_gelu_dropout", "double_transpose", "conv_bn", "aten_cleanup",
-                  "module_pairs", "shared_input")]
-    assert len(goal_rows) == 7, goals
+                  "module_pairs", "shared_input", "relu_cascade", "transpose_chain")]
+    assert len(goal_rows) == 9, goals
     assert all(("ok" in row or "MISS" in row) for row in goal_rows), goals
 
 
