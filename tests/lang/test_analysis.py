@@ -449,3 +449,139 @@ def test_a_name_bound_inside_a_named_pattern_use_is_a_bound_name():
         "    -> call_module fxrules.builders.fuse_conv_bn_relu(conv, bn)($x)\n", source="use.fxr")
     assert static_findings(rules) == ()
     assert fxrules.lang.ast.bound_names(rules["r"].ast.patterns) == {"conv", "bn"}
+
+
+# ---------------------------------------------------------------------------
+# shadowed: the index of earlier rules (analysis._TakerIndex) leaves out only rules that take nothing
+# ---------------------------------------------------------------------------
+
+_TARGETS = ["call_function torch.add", "call_function torch.sub", "call_method add", "call_function torch.clamp"]
+_ARGS = ["$x", "$y", "_", "1", "2", "1.0", "True", "call_function torch.relu($x)", "call_function torch.neg($y)"]
+
+
+def _random_rule(rng, i: int) -> str:
+    """A rule on one of a few root targets, with captures, wildcards, literals and nested calls among its
+    arguments, sometimes an alternation, a keyword, a condition or `...`."""
+    def call() -> str:
+        args = [rng.choice(_ARGS) for _ in range(rng.randint(1, 3))]
+        if rng.random() < 0.2:
+            args.append("...")
+        elif rng.random() < 0.2:
+            args.append(f"alpha={rng.choice(['1', '2', '$x'])}")
+        return f"{rng.choice(_TARGETS)}({', '.join(args)})"
+
+    pattern = call() if rng.random() < 0.8 else f"({call()} | {call()})"
+    where = f" where $x.ndim == {rng.randint(1, 3)}" if rng.random() < 0.2 and "$x" in pattern else ""
+    bound = "$x" if "$x" in pattern else "$y" if "$y" in pattern else "1"
+    replacement = bound if bound != "1" and rng.random() < 0.5 else f"call_function torch.relu({bound})"
+    return f"rule r{i} [changes]: {pattern}{where} -> {replacement}\n"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_index_of_earlier_rules_finds_what_trying_every_rule_finds(seed, monkeypatch):
+    import random
+
+    from fxrules.lang import analysis
+
+    rng = random.Random(seed)
+    lines, errors = [], 0
+    for i in range(40):
+        line = _random_rule(rng, i)
+        try:
+            _rules(line)
+        except Exception:
+            errors += 1
+            continue
+        lines.append(line)
+    rule_set = _rules("".join(lines))
+    found = [(f.rule.name, tuple(r.name for r in f.rules)) for f in shadowing(rule_set)]
+
+    def every_earlier_rule(self, position, variant, aliases):
+        return [r for p, r in enumerate(self.rules) if p < position]
+
+    original_init = analysis._TakerIndex.__init__
+
+    def init(self, rules, expanded):
+        original_init(self, rules, expanded)
+        self.rules = rules
+
+    monkeypatch.setattr(analysis._TakerIndex, "__init__", init)
+    monkeypatch.setattr(analysis._TakerIndex, "candidates", every_earlier_rule)
+    assert [(f.rule.name, tuple(r.name for r in f.rules)) for f in shadowing(rule_set)] == found
+    assert len(lines) >= 20  # the generator writes rules the checker takes
+
+
+def _pairwise_loop_candidates(rule_set):
+    """loop_candidates as it was first written: produces() asked of every pair of rules."""
+    from fxrules.lang.analysis import _components, produces
+
+    rules = list(rule_set.rules)
+    edges = {r.name: [s.name for s in rules if produces(r, s)] for r in rules}
+    order = {r.name: i for i, r in enumerate(rules)}
+    groups = [tuple(sorted(c, key=order.__getitem__)) for c in _components(edges, [r.name for r in rules])
+              if len(c) > 1 or c[0] in edges[c[0]]]
+    return sorted(groups, key=lambda g: order[g[0]])
+
+
+def _pairwise_overlap_candidates(rule_set):
+    from fxrules.lang.analysis import _overlap
+
+    rules = [r for r in rule_set.rules if not r.is_multi_root]
+    return [(a.name, b.name) for i, a in enumerate(rules) for b in rules[i + 1:] if _overlap(a, b) or _overlap(b, a)]
+
+
+def _random_rewriting_rule(rng, i: int) -> str:
+    """:func:`_random_rule`, its replacement sometimes a call of a pattern target (so rules feed each other)."""
+    line = _random_rule(rng, i)
+    if rng.random() < 0.5:
+        head, _, _ = line.partition(" -> ")
+        bound = "$x" if "$x" in head else "$y" if "$y" in head else "1"
+        args = ", ".join([bound] + [rng.choice(["1", "2", "$x", "True"]) if bound == "$x" else "1"
+                                    for _ in range(rng.randint(0, 2))])
+        line = f"{head} -> {rng.choice(_TARGETS)}({args})\n"
+    return line
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_indexed_loop_and_overlap_candidates_are_the_pairwise_ones(seed):
+    import random
+
+    rng = random.Random(1000 + seed)
+    lines = []
+    for i in range(40):
+        line = _random_rewriting_rule(rng, i)
+        try:
+            _rules(line)
+        except Exception:
+            continue
+        lines.append(line)
+    rule_set = _rules("".join(lines))
+    assert loop_candidates(rule_set) == _pairwise_loop_candidates(rule_set)
+    assert overlap_candidates(rule_set) == _pairwise_overlap_candidates(rule_set)
+    assert len(lines) >= 20
+
+
+def test_the_candidate_searches_meet_every_rule_of_a_large_bucket():
+    """Past 16 calls of one target the index splits them by a literal: rules with that literal, and rules
+    with none there (a capture), are still met."""
+    text = "".join(f"rule r{i} [changes]: call_function torch.add($x, {i}) -> call_function torch.add($x, {i + 1})\n"
+                   for i in range(40))
+    text += "rule any [changes]: call_function torch.add($x, $y) -> call_function torch.sub($x, $y)\n"
+    rule_set = _rules(text)
+    assert loop_candidates(rule_set) == _pairwise_loop_candidates(rule_set)
+    assert overlap_candidates(rule_set) == _pairwise_overlap_candidates(rule_set)
+    assert ("r0", "any") in overlap_candidates(rule_set) and ("r3", "r4") not in overlap_candidates(rule_set)
+
+
+def test_a_builder_call_meets_every_module_pattern():
+    """A replacement's builder call may make any module: the index offers it to every call_module pattern,
+    `fold`'s own among them (the over-approximation makes it a loop candidate, which the verifier then
+    tries; `split` re-calls its own module by name, which unifies with no pattern here)."""
+    text = """\
+rule fold [approx]:
+    call_module BatchNorm2d(call_module Conv2d($x) as conv) as bn -> call_module fxrules.builders.fold_conv_bn(conv, bn)($x)
+rule split [changes]:
+    call_module Conv2d($x) as c -> call_module BatchNorm2d{num_features=3}(call_module c($x))
+"""
+    rule_set = _rules(text)
+    assert loop_candidates(rule_set) == _pairwise_loop_candidates(rule_set) == [("fold",)]
