@@ -240,13 +240,12 @@ def chain_of_views(n: int) -> fx.GraphModule:
 
 def chain_of_views_written(n: int) -> fx.GraphModule:
     """:func:`chain_of_views`, the last view then written in place (``add_``): the write reaches every view."""
-    graph = fx.Graph()
-    value = graph.placeholder("x")
-    for _ in range(n):
-        value = graph.call_method("transpose", (value, 0, 1))
-    graph.call_method("add_", (value, 1))
-    graph.output(value)
-    return fx.GraphModule(nn.Module(), graph)
+    gm = chain_of_views(n)
+    output = gm.graph.output_node()
+    with gm.graph.inserting_before(output):
+        gm.graph.call_method("add_", (output.args[0], 1))
+    gm.recompile()
+    return gm
 
 
 def views_of_one_input(n: int) -> fx.GraphModule:
