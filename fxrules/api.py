@@ -427,17 +427,30 @@ def apply_and_compare(model, rules, *, example_inputs: Optional[tuple] = None, e
 
 
 def _run(module: Any, inputs: tuple) -> Any:
-    """``module(*inputs)`` under no_grad. A GraphModule that raises prints the traceback of its generated
-    code to sys.stderr before the exception leaves it; that print is dropped (the exception says it)."""
+    """``module(*inputs)`` under no_grad, on a copy of the inputs (:func:`_copied`). A GraphModule that raises
+    prints the traceback of its generated code to sys.stderr before the exception leaves it; that print is
+    dropped (the exception says it)."""
     import io
 
     import torch
 
     held = io.StringIO()
     with torch.no_grad(), contextlib.redirect_stderr(held):
-        value = module(*inputs)
+        value = module(*_copied(inputs))
     sys.stderr.write(held.getvalue())  # it ran: whatever it printed is the model's own
     return value
+
+
+def _copied(inputs: tuple) -> tuple:
+    """A deep copy of the example inputs, so that each run sees the values the caller gave: a model that
+    writes an input in place (``x.mul_(2)``) otherwise hands the run after it other values, and the
+    comparison reports a difference the rules did not make (or hides one). ``copy.deepcopy`` keeps
+    strides, dtypes, ``requires_grad`` and which inputs share storage. Inputs it cannot copy (a tensor
+    computed with autograd history) are used as given."""
+    try:
+        return copy.deepcopy(inputs)
+    except Exception:
+        return inputs
 
 
 def _quiet(note: str) -> None:

@@ -865,7 +865,7 @@ def _out_part(args: argparse.Namespace, found, paths: list[str], shapes: list, b
     if not args.out:
         return _Part()
     bar.note(f"saving to {args.out}")
-    from fxrules.api import compare_outputs, max_abs_difference
+    from fxrules.api import _run, compare_outputs, max_abs_difference
     from fxrules.tools.saving import FILES, SaveError, load_saved, save_module
 
     info = {"model": args.model, "rules": paths, "inputs": [list(s) for s in shapes], "exported": bool(args.export)}
@@ -912,13 +912,6 @@ def _graph_part(args: argparse.Namespace, found, model, bar) -> _Part:
     shown = drawing.rendered or os.path.splitext(args.graph)[1].lower() == ".dot"
     return _Part(drawing.to_json(), (f"drew the graph before and after to {drawing.path}",) if shown else (),
                  (drawing.hint,) if drawing.hint else ())
-
-
-def _run(module, inputs: tuple):
-    import torch
-
-    with torch.no_grad():
-        return module(*inputs)
 
 
 def _finite(value: Optional[float]):
