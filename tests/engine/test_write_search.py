@@ -171,9 +171,10 @@ def test_many_views_of_one_input_rewrite_as_before(write):
 
 
 def test_a_write_far_down_a_chain_of_views_refuses_as_before():
-    """``x.view(-1)`` 100 times, then the last written in place: each pair of views, replaced by one view of
-    ``$x``, would move the write onto a fresh view chain root... the write reaches every view, so each match
-    is refused (replaced-node-mutated), found by asking the writer."""
+    """``x.view(-1)`` 100 times, then the last written in place: the write reaches every view, each root is
+    a view and its replacement may share storage with another value, so every pair is refused
+    (replaced-node-mutated, as the walk found it), the write found by asking the writer (the tree below each
+    root is past the limit)."""
     graph = fx.Graph()
     value = graph.placeholder("x")
     for _ in range(100):
