@@ -410,12 +410,12 @@ def apply_and_compare(model, rules, *, example_inputs: Optional[tuple] = None, e
         note("comparing outputs")
         reference_model = captured.before if export else model
         try:
-            reference = _run(reference_model, inputs)
+            reference = run_on_copies(reference_model, inputs)
         except Exception as exc:
             raise ModelError(f"the model does not run on the example inputs: {type(exc).__name__}: "
                              f"{_first_line(exc)}") from exc
         try:
-            after = _run(result.module, inputs)
+            after = run_on_copies(result.module, inputs)
         except Exception as exc:  # the rules broke the model
             raise ComparisonError(f"the rewritten module does not run on the example inputs (the original "
                                   f"does): {type(exc).__name__}: {_first_line(exc)}", result) from exc
@@ -426,7 +426,7 @@ def apply_and_compare(model, rules, *, example_inputs: Optional[tuple] = None, e
                            timings)
 
 
-def _run(module: Any, inputs: tuple) -> Any:
+def run_on_copies(module: Any, inputs: tuple) -> Any:
     """``module(*inputs)`` under no_grad, on a copy of the inputs (:func:`_copied`). A GraphModule that raises
     prints the traceback of its generated code to sys.stderr before the exception leaves it; that print is
     dropped (the exception says it)."""

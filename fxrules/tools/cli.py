@@ -865,7 +865,7 @@ def _out_part(args: argparse.Namespace, found, paths: list[str], shapes: list, b
     if not args.out:
         return _Part()
     bar.note(f"saving to {args.out}")
-    from fxrules.api import _run, compare_outputs, max_abs_difference
+    from fxrules.api import compare_outputs, max_abs_difference, run_on_copies
     from fxrules.tools.saving import FILES, SaveError, load_saved, save_module
 
     info = {"model": args.model, "rules": paths, "inputs": [list(s) for s in shapes], "exported": bool(args.export)}
@@ -879,7 +879,8 @@ def _out_part(args: argparse.Namespace, found, paths: list[str], shapes: list, b
         loaded = load_saved(args.out)
         difference = None
         if found.example_inputs is not None:
-            difference = max_abs_difference(compare_outputs(found.outputs_after, _run(loaded, found.example_inputs)))
+            reloaded = run_on_copies(loaded, found.example_inputs)
+            difference = max_abs_difference(compare_outputs(found.outputs_after, reloaded))
     except Exception as exc:
         raise _UsageError(f"saved {args.out}, but it does not load back: {type(exc).__name__}: "
                           f"{_first_line(exc)}") from None
