@@ -196,30 +196,22 @@ class SharedInput(nn.Module):
 # ------------------------------------------------------------------------- chains
 
 
-class ReluChain(nn.Module):
-    """``x = torch.relu(x)``, ``depth`` times: each rewrite of a pair leaves a new pair (a cascade)."""
+class Chain(nn.Module):
+    """``x = step(x)``, ``depth`` times: ``torch.relu`` (each rewrite of a pair leaves a new pair: a cascade),
+    or ``x.transpose(0, 1)`` (every node a view of the input, the last one returned)."""
 
-    def __init__(self, depth: int):
+    def __init__(self, depth: int, step: Callable[[Tensor], Tensor]):
         super().__init__()
-        self.depth = depth
+        self.depth, self.step = depth, step
 
     def forward(self, x: Tensor) -> Tensor:
         for _ in range(self.depth):
-            x = torch.relu(x)
+            x = self.step(x)
         return x
 
 
-class TransposeChain(nn.Module):
-    """``x = x.transpose(0, 1)``, ``depth`` times: every node a view of the input, the last one returned."""
-
-    def __init__(self, depth: int):
-        super().__init__()
-        self.depth = depth
-
-    def forward(self, x: Tensor) -> Tensor:
-        for _ in range(self.depth):
-            x = x.transpose(0, 1)
-        return x
+def _transpose(x: Tensor) -> Tensor:
+    return x.transpose(0, 1)
 
 
 # ------------------------------------------------------------------------ registry
@@ -232,8 +224,8 @@ FAMILIES: dict[str, tuple[Callable[[int], nn.Module], tuple[int, ...]]] = {
     "exported": (lambda depth: _seeded(lambda: DeepTransformer(depth)), (2, _SEQ, _DIM)),
     "sequential": (lambda depth: _seeded(lambda: _sequential(depth)), (2, _MLP_WIDTH)),
     "shared": (lambda depth: SharedInput(depth).eval(), (2, _MLP_WIDTH)),
-    "relu_chain": (lambda depth: ReluChain(depth).eval(), (2, _MLP_WIDTH)),
-    "transpose_chain": (lambda depth: TransposeChain(2 * depth).eval(), (2, _MLP_WIDTH)),
+    "relu_chain": (lambda depth: Chain(depth, torch.relu).eval(), (2, _MLP_WIDTH)),
+    "transpose_chain": (lambda depth: Chain(2 * depth, _transpose).eval(), (2, _MLP_WIDTH)),
 }
 
 

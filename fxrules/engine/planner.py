@@ -103,9 +103,9 @@ class Effects:
         # the last of those writers in graph order (None: there is none), or _UNKNOWN until asked again
         # after the set changed: see writes_after
         self._last_writer: Any = _UNKNOWN
-        # those writers in graph order, with their position keys (fxaccess.sort_key), or None until asked again
-        # after the set changed: see writers_between
-        self._in_order: Optional[tuple] = None
+        # those writers in graph order, with their position keys (fxaccess.sort_key), or _UNKNOWN until asked
+        # again after the set changed: see writers_between
+        self._in_order: Any = _UNKNOWN
         # edits of the graph so far: the workpiece counts each node it makes, erases or rewires
         self.edits = 0
         # (edits when filled, {node: Aliasing.ancestors(node)}): see storage_ancestors
@@ -534,7 +534,7 @@ class Effects:
         if not writers:
             return []
         entry = self._in_order
-        if entry is None or entry is _UNKNOWN:
+        if entry is _UNKNOWN:
             key = fxaccess.sort_key
             nodes = sorted(writers, key=key)
             entry = self._in_order = (nodes, [key(n) for n in nodes])

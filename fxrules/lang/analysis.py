@@ -903,6 +903,7 @@ class _TakerIndex:
     root made the pairwise search quadratic in its costly part (1,000 rules `add($x, i)`: 3.6 s)."""
 
     def __init__(self, rules: list[CheckedRule], expanded: dict):
+        self.rules = rules
         self.by_target: dict = {}  # target -> [(position, rule, literal sets of its options on that target)]
         self.unindexed: list = []  # (position, rule) whose options have a root that is not a call
         for position, rule in enumerate(rules):
@@ -922,27 +923,14 @@ class _TakerIndex:
     def candidates(self, position: int, variant: A.Expr, aliases: Mapping[str, str]) -> list[CheckedRule]:
         """The rules before ``position`` that may generalise ``variant``, in rule order."""
         key = _root_key(variant, aliases)
-        if key is None:
-            found = [(p, r) for p, r, _ in self._all() if p < position]
-        else:
-            target, literals = key
-            found = [(p, r) for p, r, sets in self.by_target.get(target, ())
-                     if p < position and any(s <= literals for s in sets)]
-            found += [(p, r) for p, r in self.unindexed if p < position]
-            found.sort(key=lambda item: item[0])
+        if key is None:  # (a checked rule's root is a call): every earlier rule, as _first_taker would try them
+            return self.rules[:position]
+        target, literals = key
+        found = [(p, r) for p, r, sets in self.by_target.get(target, ())
+                 if p < position and any(s <= literals for s in sets)]
+        found += [(p, r) for p, r in self.unindexed if p < position]
+        found.sort(key=lambda item: item[0])
         return [r for _, r in found]
-
-    def _all(self) -> Iterator[tuple]:
-        seen: set = set()
-        for entries in self.by_target.values():
-            for p, r, sets in entries:
-                if p not in seen:
-                    seen.add(p)
-                    yield p, r, sets
-        for p, r in self.unindexed:
-            if p not in seen:
-                seen.add(p)
-                yield p, r, ()
 
 
 def _first_taker(earlier: list[CheckedRule], expanded: dict, later: CheckedRule, variant: A.Expr
