@@ -259,7 +259,7 @@ class _Session:
         self.work = work
         self.rule_set = rule_set
         self.compiled: CompiledRules = compile_rules(rule_set)
-        self.view = GraphView(work.module_of, work.effects.module_is_known)
+        self.view = GraphView(work.module_of, work.effects.module_is_known, work.hubs)
         self.depth = max((_pattern_depth(r) for p in self.compiled.programs for r in p.roots), default=1)
         self.multi_root = any(len(p.roots) > 1 for p in self.compiled.programs)
         # which touched nodes may be a further root of a multi-root rule (their siblings are revisited)

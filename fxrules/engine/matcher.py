@@ -24,6 +24,7 @@ Semantics (see docs/semantics.md):
 from __future__ import annotations
 
 import functools
+import heapq
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -35,6 +36,7 @@ from fxrules.engine import fxaccess
 from fxrules.engine.program import (PAlt, PBind, PCall, PCapture, PConst, PGetAttr, PLiteral, Program, PRef, PSeq, PVariadic,
                                    PWildcard)
 from fxrules.engine.refusals import MissCode
+from fxrules.engine.users import HUB, UsersByKey
 
 _MISSING = object()
 
@@ -107,8 +109,13 @@ class GraphView:
     object overrides its class's code (:func:`overridden_on_instance`, asked once per module for the run:
     a rewrite never changes an existing module's attributes)."""
 
-    def __init__(self, module_of: Callable[[str], Any], known: Optional[Callable[[Any], bool]] = None):
+    def __init__(self, module_of: Callable[[str], Any], known: Optional[Callable[[Any], bool]] = None,
+                 hubs: Optional[UsersByKey] = None):
         self.module_of = module_of
+        # the users of nodes read by many, by (op, target), kept through the edits of the graph this view
+        # matches (a workpiece's: it tells them of each new user); None where nothing keeps them (a view
+        # for finding matches only: the further-root search walks every user)
+        self.hubs = hubs
         # ``known(module)`` True says the module overrides nothing (the planner's per-module facts, found
         # once for the run whoever asks first: :meth:`fxrules.engine.planner.Effects.module_is_known`), so
         # the instance is not read a second time; False says nothing, and the instance is asked
@@ -998,14 +1005,25 @@ def _match_other_root(matcher: _Matcher, pattern: Any, keys: Optional[frozenset]
     """The first node, in graph order, that matches a further root ``pattern`` with the bindings so far: among
     the users of the captured and named nodes, or, when they have none, among all nodes. ``keys``
     (:attr:`Program.further_keys`): the (op, target) pairs the pattern can match; a node with another is
-    not tried (an input read by thousands of nodes made each match try them all: quadratic)."""
+    not tried (an input read by thousands of nodes made each match try them all: quadratic). The users of
+    a node read by many (:data:`fxrules.engine.users.HUB`) come from the view's groups of them by pair, in
+    graph order, where it keeps them: a search that takes the first costs what it reads."""
     env = matcher.env
     seen = set(roots)
     candidates: list = []
+    grouped: list = []  # iterators in graph order over hubs' users whose pair is among keys
+    hubs_read: set = set()
     any_user = False
     matched = env.nodes
+    hubs = matcher.view.hubs if keys is not None else None
     for value in list(env.captures.values()) + list(env.names.values()):
         if isinstance(value, fx.Node):
+            if hubs is not None and len(value.users) >= HUB:
+                if value not in hubs_read:  # (bound twice, a capture and a name: its groups are read once)
+                    hubs_read.add(value)
+                    any_user = any_user or any(user not in roots and user not in matched for user in value.users)
+                    grouped.extend(hubs.groups(value, keys))
+                continue
             for user in value.users:
                 if user in seen or user in matched:
                     continue
@@ -1022,7 +1040,14 @@ def _match_other_root(matcher: _Matcher, pattern: Any, keys: Optional[frozenset]
         graph = roots[0].graph
         candidates = [n for n in graph.nodes if n not in seen and n not in env.nodes
                       and (keys is None or _may_be(n, keys))]
+        grouped = []
     candidates.sort()
+    if grouped:  # the hubs' users merged with the others in graph order, each tried once
+        tried = set(roots)
+        tried.update(matched)
+        grouped.append(iter(candidates))
+        candidates = (node for node in heapq.merge(*grouped, key=fxaccess.sort_key)
+                      if node not in tried and not tried.add(node))
     for candidate in candidates:
         state = env.snapshot()
         if matcher.match(pattern, candidate):

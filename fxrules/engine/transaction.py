@@ -39,6 +39,7 @@ from fxrules.engine.planner import Effects, Plan
 from fxrules.engine.program import RBuilder, RCall, RComputed, RNewModule, RReuse, graph_constant
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
+from fxrules.engine.users import UsersByKey
 
 _NOT_LOOKED_UP = object()
 
@@ -288,6 +289,9 @@ class Workpiece:
         self._lookup: Optional[dict] = dict(self.modules)
         self.module_of: Callable[[str], Any] = self._lookup.get
         self.effects = Effects(self.module_of, self.attr_of)
+        # the users of nodes read by many, grouped for the search of multi-root rules' further roots (the
+        # matcher asks through its GraphView); every edit below that gives a node a user tells it
+        self.hubs = UsersByKey()
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
         # guards.output_aliased's (graph, (output node, its args), outputs, their storage keys, their values),
         # kept between matches
@@ -302,19 +306,26 @@ class Workpiece:
         node = fxaccess.create_node(self.graph, op, target, args, kwargs, self._node_names)
         journal.created(node)
         self.effects.edits += 1
+        if self.hubs.grouped:
+            self.hubs.made(node)
         return node
 
     def replace_uses(self, root: fx.Node, value: fx.Node) -> None:
         """Every use of ``root`` becomes a use of ``value``."""
         self.journal.replacing(root, value)
+        moved = list(root.users) if self.hubs.grouped and self.hubs.watches(value) else ()
         root.replace_all_uses_with(value)
         self.effects.edits += 1
+        for user in moved:
+            self.hubs.added(value, user)
 
     def repoint(self, user: fx.Node, old: fx.Node, new: fx.Node) -> None:
         """``user`` reads ``new`` where it read ``old``."""
         self.journal.repointing(user, new)
         user.replace_input_with(old, new)
         self.effects.edits += 1
+        if self.hubs.grouped:
+            self.hubs.added(new, user)
 
     def erase(self, node: fx.Node) -> None:
         """Erase ``node`` (it has no users left)."""
