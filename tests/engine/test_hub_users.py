@@ -4,8 +4,8 @@ A multi-root rule's further root is the first user, in graph order, of the first
 matches. For a node with at least :data:`~fxrules.engine.users.HUB` users the search reads the workpiece's
 groups of its users by (op, target), kept through the run's edits, instead of walking them all. Both ways must
 find the same node every time: the property below runs each random graph and rule set with every node
-grouped (``HUB`` 1: each edit's bookkeeping is exercised on small graphs) and with none, and compares the
-runs rewrite by rewrite.
+grouped (``HUB`` 1: each edit's bookkeeping is exercised on small graphs), with some (``HUB`` 3) and with
+none, and compares the runs rewrite by rewrite.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ _UNARY = [torch.sin, torch.cos, torch.neg, torch.relu, torch.exp]
 _BINARY = [torch.add, torch.mul, torch.sub]
 
 # multi-root rules (one and two bound values; a further root that is itself a pattern, which some users
-# fail), beside rules whose rewrites give a hub new users that are further roots: a call made anew
+# fail; one of two options, whose groups are merged in graph order; a second root of the first's kind, which
+# must not be the first; one that reads nothing the first bound, found among all nodes when the first's
+# inputs have no other users), beside rules whose rewrites give a hub new users that are further roots: a call made anew
 # (`exp(exp($v)) -> cos($v)`), a root replaced by its input, whose users move to it (`neg(neg($x)) -> $x`
 # under `cos`, `mul`, `sub`). Some sets of them loop: both runs must then fail alike.
 RULES = """
@@ -37,6 +39,11 @@ rule add_mul [exact]: call_function torch.add($a, $b), call_function torch.mul($
     -> call_function torch.add($a, $b), call_function torch.mul(call_function torch.relu($a), $b)
 rule exp_sub [exact]: call_function torch.exp($v), call_function torch.sub($v, call_function torch.neg($v))
     -> call_function torch.exp($v), call_function torch.mul($v, 2)
+rule alternatives [exact]: call_function torch.relu($v), (call_function torch.sin($v) | call_function torch.cos($v))
+    -> call_function torch.relu($v), call_function torch.add($v, 1)
+rule duplicate [exact]: call_function torch.neg($v) as a, call_function torch.neg($v) as b -> call_function torch.neg($v) as c, c
+rule unrelated [exact]: call_function torch.mul($v, $v), call_function torch.exp($w)
+    -> call_function torch.mul($v, $v), call_function torch.sin($w)
 rule make_cos [exact]: call_function torch.exp(call_function torch.exp($v)) -> call_function torch.cos($v)
 rule neg_neg [exact]: call_function torch.neg(call_function torch.neg($x)) -> $x
 rule relu_relu [exact]: call_function torch.relu(call_function torch.relu($x)) -> call_function torch.relu($x)
@@ -85,13 +92,16 @@ def _run(gm: fx.GraphModule, hub: int, inplace: bool, monkeypatch) -> tuple:
     return result.module.code, applied
 
 
+@pytest.mark.parametrize("hub", [1, 3], ids=["every-node-grouped", "some-grouped"])
 @pytest.mark.parametrize("inplace", [False, True], ids=["copying", "inplace"])
 @given(gm=graphs())
-def test_grouped_users_find_what_walking_them_finds(gm, inplace):
+def test_grouped_users_find_what_walking_them_finds(gm, inplace, hub):
+    """With ``HUB`` 3, a match binds nodes read by few (walked) beside nodes read by many (grouped): the
+    search merges both in graph order."""
     monkeypatch = pytest.MonkeyPatch()
     copies = [fx.GraphModule(gm, _copy(gm.graph)) for _ in range(2)]
     walked = _run(copies[0], 10**9, inplace, monkeypatch)
-    grouped = _run(copies[1], 1, inplace, monkeypatch)
+    grouped = _run(copies[1], hub, inplace, monkeypatch)
     assert grouped == walked  # (the rules do not keep values: the two runs are compared)
 
 
@@ -179,3 +189,20 @@ def test_each_edit_of_a_workpiece_that_gives_a_hub_a_user_tells_its_groups():
     work.repoint(later, y, x)
     assert [list(g) for g in work.hubs.groups(x, cos)] == [[first, made, moving, later]]
     assert not work.hubs.watches(y)
+
+
+@pytest.mark.parametrize("first", [torch.sin, torch.cos], ids=["sin-first", "cos-first"])
+def test_options_of_a_further_root_are_merged_in_graph_order(first, monkeypatch):
+    """A further root with two options reads two groups of the hub's users: the earlier node in the graph is
+    the one found, whichever option it matches (each option's group alone would find its own first)."""
+    monkeypatch.setattr(matcher, "HUB", 1)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    relu = graph.call_function(torch.relu, (x,))
+    second = torch.cos if first is torch.sin else torch.sin
+    early, late = graph.call_function(first, (x,)), graph.call_function(second, (x,))
+    graph.output((relu, early, late))
+    rules = fxrules.parse_rules("rule options [exact]: call_function torch.relu($v), (call_function torch.sin($v) | "
+                                "call_function torch.cos($v)) -> call_function torch.relu($v), $v\n", "options.fxr")
+    result = fxrules.apply_rules(fx.GraphModule(nn.Module(), graph), rules)
+    assert result.report.applied[0].matched == (relu.name, early.name)
