@@ -143,6 +143,36 @@ def test_a_match_turned_down_is_sent_back_by_a_node_it_read_losing_a_user(any_re
     assert torch.equal(result.module(x, y), torch.relu(x) + y)
 
 
+class ValueGainsUsers(nn.Module):
+    """``neg(x)`` comes first, under a rule that needs ``users($x) >= 3``; then ``mul(x, 1)``, read by ``sin`` and
+    ``cos``, which a rule replaces by ``x``: ``x`` loses one user and gains two."""
+
+    def forward(self, x):
+        n = torch.neg(x)
+        m = torch.mul(x, 1)
+        return n, torch.sin(m), torch.cos(m)
+
+
+GAINED_RULES = (
+    "rule shared_neg [changes]:\n"
+    "    call_function torch.neg($x) where users($x) >= 3 -> call_function torch.sub(0, $x)\n"
+    "rule mul_one [changes]:\n"
+    "    call_function torch.mul($x, 1) -> $x\n"
+)
+
+
+def test_a_match_turned_down_is_sent_back_by_a_node_it_read_gaining_users(any_reach):
+    """A value put in a root's place (``-> $x``) is not revisited through its users (a hub's users were
+    all revisited per rewrite: quadratic); what its new users may change, a condition on ``users($x)``, is
+    a match turned down while reading it, which comes back. (A value gains users only where it also loses
+    the matched node that read it, an interior node used outside being refused: both send the match back.)"""
+    result = to_fixpoint(ValueGainsUsers(), GAINED_RULES)
+    assert [a.rule for a in result.report.applied] == ["mul_one", "shared_neg"]
+    x = torch.randn(5)
+    first, *_ = result.module(x)
+    assert torch.equal(first, 0 - x)
+
+
 class FurtherRootMadeLater(nn.Module):
     """``sin(x)`` and ``neg(neg(x))``: a rule turns the second into ``cos(x)``, the further root of a
     multi-root rule whose first root, ``sin(x)``, nothing else touches."""

@@ -274,6 +274,21 @@ def sin_cos_pairs(n: int) -> fx.GraphModule:
     return fx.GraphModule(nn.Module(), graph)
 
 
+def dropouts_of_one_input(n: int) -> fx.GraphModule:
+    """``n / 2`` eval-mode Dropouts all reading the input, summed: each removal (``-> $x``) gives the input a
+    user."""
+    dropouts = nn.ModuleList([nn.Dropout(0.1) for _ in range(n // 2)]).eval()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    total = x
+    for i in range(n // 2):
+        total = graph.call_function(torch.add, (total, graph.call_module(f"drop.{i}", (x,))))
+    graph.output(total)
+    root = nn.Module()
+    root.drop = dropouts
+    return fx.GraphModule(root, graph)
+
+
 def nested_modules(n: int) -> fx.GraphModule:
     """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
     root = nn.Module()
@@ -334,6 +349,13 @@ SHAPES = {
                                         "rule pair [exact]: call_function torch.sin($v), call_function torch.cos($v)"
                                         " -> call_function torch.sin($v), call_function torch.cos(call_function"
                                         " torch.neg($v))\n"),
+    # each Dropout removed puts the input in its place, under an add: the input's users were all revisited
+    # per removal (as a value that gained users); beside a multi-root rule, whose further roots are searched
+    # among them
+    "dropouts_of_one_input": (dropouts_of_one_input,
+                              "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
+                              "rule pair [exact]: call_function torch.sin($v), call_function torch.cos($v)"
+                              " -> call_function torch.cos($v), call_function torch.sin($v)\n"),
     "nested_modules": (nested_modules,
                        "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                        "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),
