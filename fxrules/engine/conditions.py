@@ -260,11 +260,23 @@ class Evaluator:
             self._effects = Effects(self.module_of, self.attr_of)
         return self._effects
 
+    @property
+    def read_graph(self) -> bool:
+        """Whether what this evaluation read could change while the nodes a match bound stay as they are: a
+        node's users (``users($x)``, ``user_targets``, ``used_only_by``), whether the graph writes a tensor in
+        place (:meth:`tensor_at`), or a node handed to a function as itself. A condition that read none of
+        these (metadata, literals, module flags, constants) gives the same answer until the match itself
+        changes: the driver does not send its match back when a node it read changes (:meth:`fxrules.engine.
+        driver._Session.rewrite`)."""
+        return self._state.read_graph
+
     def tensor_at(self, node: fx.Node, value: Any) -> Any:
         """``value`` (read from a get_attr node or a module called by ``node``) as a condition sees it:
         a :class:`WrittenTensor` when the graph writes its storage in place."""
-        if isinstance(value, torch.Tensor) and node.graph is not None and self.effects().is_written(node.graph, value):
-            return WrittenTensor.of(value)
+        if isinstance(value, torch.Tensor) and node.graph is not None:
+            self._state.read_graph = True
+            if self.effects().is_written(node.graph, value):
+                return WrittenTensor.of(value)
         return value
 
     def attribute(self, node: fx.Node) -> Any:
@@ -421,6 +433,8 @@ class Evaluator:
         function = self.resolved(path)
         values = [self.predicate_arg(a) for a in args]
         _check_readable(values)
+        if any(isinstance(v, fx.Node) for v in values):  # the function may read anything of it
+            self._state.read_graph = True
         try:
             return function(*values)
         except BaseException as exc:  # noqa: BLE001 - re-raised: holds() tells it from the language's own errors
@@ -473,6 +487,7 @@ class Evaluator:
         node = self.captures.get(first.name) if isinstance(first, A.CCapture) else self.names.get(first.name)
         if not isinstance(node, fx.Node):
             raise NotApplicable("users")
+        self._state.read_graph = True
         if cond.func.name == "users":
             return len(node.users)
         targets = _bounded([self.user_target(user) for user in node.users])
@@ -600,11 +615,12 @@ class _EvaluationState:
     they may visit (:data:`MAX_CONDITION_ITEMS` in all: nested generators multiply, so they count
     together), and the exception a function named by path raised (an error, not the condition's)."""
 
-    __slots__ = ("items_left", "raised_by_function")
+    __slots__ = ("items_left", "raised_by_function", "read_graph")
 
     def __init__(self) -> None:
         self.items_left = MAX_CONDITION_ITEMS
         self.raised_by_function: Optional[BaseException] = None
+        self.read_graph = False  # see Evaluator.read_graph
 
     def take_item(self) -> None:
         self.items_left -= 1

@@ -273,9 +273,14 @@ class _Session:
     def conditions(self, match: Match) -> Optional[Any]:
         """None when every condition holds, else the first condition that does not, or the
         ``condition-raised`` :class:`Refusal` of one that raised (:func:`condition_raised`)."""
+        return self.judged(match)[0]
+
+    def judged(self, match: Match) -> tuple:
+        """(what :meth:`conditions` answers, whether the conditions read what may change while the match's
+        nodes stay as they are: :attr:`fxrules.engine.conditions.Evaluator.read_graph`)."""
         program = match.program
         if not program.conditions:
-            return None
+            return None, False
         env = match.bindings
         evaluator = None
         for condition, flag in zip(program.conditions, program.flags):
@@ -284,14 +289,14 @@ class _Session:
                 if holds is True:
                     continue
                 if holds is False:
-                    return condition
+                    return condition, evaluator is not None and evaluator.read_graph
             if evaluator is None:
                 evaluator = Evaluator(env.captures, env.names, self.work.module_of, self.work.attr_of,
                                       program.rule.aliases, self.rule_set.resolver, self.work.effects)
             try:
                 holds = evaluator.holds(condition)
             except ConditionRaised as exc:
-                return condition_raised(self.rule_set, match, exc)
+                return condition_raised(self.rule_set, match, exc), True
             except MissingMetadata as exc:
                 raise self.error(program, match.roots[0],
                                  f"a condition reads `{exc.attr}` of %{exc.node.name}, but the graph has no "
@@ -303,8 +308,8 @@ class _Session:
                 raise self.error(program, match.roots[0],
                                  f"evaluating condition at {condition.span} raised {type(exc).__name__}: {exc}") from exc
             if not holds:
-                return condition
-        return None
+                return condition, evaluator.read_graph
+        return None, False
 
     def try_match(self, program: Program, node: fx.Node, *, explain: bool = False) -> "Match | Miss":
         try:
@@ -392,11 +397,15 @@ class _Session:
         effects = self.work.effects
         # A node that only loses users (an input of an erased node), or only gains them (the value `-> $x` puts
         # in a root's place), changes no match's structure: a match that found the graph's shape wrong still
-        # does. What it may change is a match found and then
-        # turned down (a condition on `users($x)`, an interior node used outside, a guard): those wait on
-        # the nodes they read, and such a node sends back only them. (Revisiting a node's users instead made
-        # a graph whose input every node reads quadratic: each rewrite next to it revisited all of them; so did
-        # revisiting the users of a value that gained some: 300 eval Dropouts of one input, 3.7 s at 600 nodes.)
+        # does. What it may change is a match found and then turned down (a condition on `users($x)`, an
+        # interior node used outside, a guard): those wait on the nodes they read, and such a node sends back
+        # only them. (Revisiting a node's users instead made a graph whose input every node reads quadratic:
+        # each rewrite next to it revisited all of them; so did revisiting the users of a value that gained
+        # some: 300 eval Dropouts of one input, 3.7 s at 600 nodes.) A match turned down by conditions that read
+        # nothing that can change while its nodes stay (metadata, literals, module flags: Evaluator.read_graph)
+        # does not wait: its answer stands until the match changes, and then its root is revisited. (800 casts
+        # of one input, each turned down by `duplicate_cast`'s dtype condition, were all sent back by each
+        # rewrite that gave the input a user: 2,400 nodes, 20.8 s.)
         # A multi-root rule's search for its further roots reads the captures' users, but a node losing one
         # gives it no new candidate: one it took and then saw turned down waits on the nodes it read; a new
         # candidate is a node made or rewired, revisited with its siblings (_revisit). (Not sent back: a
@@ -422,11 +431,12 @@ class _Session:
             result = self.match_directly(program, node)
             if result is None:
                 continue
-            failed = self.conditions(result)
+            failed, read_graph = self.judged(result)
             if failed is not None:
                 if isinstance(failed, Refusal):
                     rejected[_rejected_key(program, result)] = _rejected(program, result, failed)
-                wait(program, result)
+                if read_graph:  # else its answer stands until the match changes (its root is then revisited)
+                    wait(program, result)
                 continue
             decision = plan(result, effects)
             if isinstance(decision, Refusal):

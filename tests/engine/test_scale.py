@@ -289,6 +289,18 @@ def dropouts_of_one_input(n: int) -> fx.GraphModule:
     return fx.GraphModule(root, graph)
 
 
+def casts_of_one_input(n: int) -> fx.GraphModule:
+    """``relu(x.to(torch.float32))`` ``n / 3`` times, summed: every cast reads the input."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    total = None
+    for _ in range(n // 3):
+        relu = graph.call_function(torch.relu, (graph.call_method("to", (x, torch.float32)),))
+        total = relu if total is None else graph.call_function(torch.add, (total, relu))
+    graph.output(total)
+    return fx.GraphModule(nn.Module(), graph)
+
+
 def nested_modules(n: int) -> fx.GraphModule:
     """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
     root = nn.Module()
@@ -356,6 +368,12 @@ SHAPES = {
                               "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                               "rule pair [exact]: call_function torch.sin($v), call_function torch.cos($v)"
                               " -> call_function torch.cos($v), call_function torch.sin($v)\n"),
+    # a multi-root rule pairs the casts and is turned down by a condition on a literal; then each cast is
+    # replaced by the input: every such rewrite sent back all the pairs turned down while reading the input
+    "casts_of_one_input": (casts_of_one_input,
+                           "rule pair [exact]: call_method to($x, $d) as a, call_method to($x, $d) as b"
+                           " where $d == torch.float64 -> call_method to($x, $d) as c, c\n"
+                           "rule same [exact]: call_method to($x, torch.float32) -> $x\n"),
     "nested_modules": (nested_modules,
                        "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                        "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),
