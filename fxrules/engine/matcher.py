@@ -113,8 +113,8 @@ class GraphView:
                  hubs: Optional[UsersByKey] = None):
         self.module_of = module_of
         # the users of nodes read by many, by (op, target), kept through the edits of the graph this view
-        # matches (a workpiece's: it tells them of each new user); None where nothing keeps them (a view
-        # for finding matches only: the further-root search walks every user)
+        # matches (a workpiece's: it tells them of each new user); None for a view made without one (the
+        # further-root search then walks every user)
         self.hubs = hubs
         # ``known(module)`` True says the module overrides nothing (the planner's per-module facts, found
         # once for the run whoever asks first: :meth:`fxrules.engine.planner.Effects.module_is_known`), so
