@@ -67,7 +67,7 @@ def graphs(draw):
             return hub
         return graph.call_function(wrap, (graph.call_function(wrap, (hub,)),))
 
-    for _ in range(draw(st.integers(4, 50))):
+    for _ in range(draw(st.integers(4, 32))):
         if draw(st.booleans()):
             nodes.append(graph.call_function(draw(st.sampled_from(_UNARY)), (argument(),)))
         else:
