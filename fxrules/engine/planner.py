@@ -64,6 +64,23 @@ EVERYTHING = "everything"
 runs around every module call may write any tensor the model holds."""
 
 
+STORAGE_REFUSALS = frozenset({
+    RefusalCode.USES_REPLACED_NODE, RefusalCode.REPLACES_WITH_LITERAL, RefusalCode.REPLACEMENT_WRITES_INPUT,
+    RefusalCode.REPLACED_NODE_MUTATED, RefusalCode.READS_ACROSS_MUTATION, RefusalCode.ALIAS_MUTATED_LATER,
+    RefusalCode.OUTPUT_ALIAS_INTRODUCED, RefusalCode.READS_WRITTEN_VALUE, RefusalCode.WOULD_CYCLE,
+})
+"""The refusals of :func:`plan` whose checks read the values a match bound (not its roots or matched nodes)
+only through their storage: the views of them and of what they view, the in-place writers of those, the
+graph's output among their users (:func:`replacement_writes_input`, :func:`replaced_by_value`,
+:func:`reads_across_mutation`, :func:`output_alias_introduced`, :func:`reads_written_value`), and otherwise
+only the match itself (:func:`uses_replaced_node`, a literal, :func:`placement`: the roots' users and fixed
+positions). A user that comes or goes without viewing, writing or returning a bound value
+(:meth:`Effects.hands_on_storage` false) changes none of these answers; the checks before them
+(:func:`plan`'s order) may come to refuse, which leaves the match refused. The other refusals read a bound
+value's users as such: whether a value would be left unused (``changes-random-draws``), whether an
+in-place write's argument is a temporary only it reads (``drops-side-effect``)."""
+
+
 class Effects:
     """Which nodes write to their inputs or have other side effects, for one run over one graph.
 
@@ -115,7 +132,8 @@ class Effects:
         self._may_draw: dict = {}  # call_function target -> whether some call of it may draw random numbers
         self._function_scans: dict = {}  # call_function target -> what _scan asks of it (_function_scan)
         self._method_scans: dict = {}  # call_method name -> what _scan asks of it (_method_scan)
-        self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known, self.module_writes_input)
+        self.aliasing = Aliasing(module_of, self.attr_of, self.module_is_known, self.module_writes_input,
+                                 self.hands_on_storage)
 
     def close(self) -> None:
         """Drop the references that make this object and its aliasing a reference cycle (each holds
@@ -211,6 +229,15 @@ class Effects:
             return (False, False)
         facts = self.module_facts(module)
         return (facts.writes_input, facts.impure)
+
+    def hands_on_storage(self, user: fx.Node) -> bool:
+        """Whether ``user`` may reach the storage of a node it reads beyond reading it: the graph's output,
+        a call whose result may share storage with an argument (:meth:`Aliasing.bases`), one that writes
+        in place or has another side effect (every call the engine does not know). What
+        :data:`STORAGE_REFUSALS` depend on among a bound value's users (:mod:`fxrules.engine.watch`)."""
+        if user.op not in ("call_function", "call_method", "call_module"):
+            return True
+        return bool(self.aliasing.bases(user)) or self.side_effect(user) is not None
 
     def mutated_inputs(self, node: fx.Node) -> list:
         """The input nodes ``node`` writes to in place (empty for a pure node; every input for a

@@ -40,6 +40,7 @@ from fxrules.engine.program import RBuilder, RCall, RComputed, RNewModule, RReus
 from fxrules.engine.refusals import Refusal, RefusalCode
 from fxrules.engine.report import Applied
 from fxrules.engine.users import UsersByKey
+from fxrules.engine.watch import StorageWatch
 
 _NOT_LOOKED_UP = object()
 
@@ -292,6 +293,9 @@ class Workpiece:
         # the users of nodes read by many, grouped for the search of multi-root rules' further roots (the
         # matcher asks through its GraphView); every edit below that gives a node a user tells it
         self.hubs = UsersByKey()
+        # the nodes matches turned down for a storage reason wait on (the driver's), told of every user they
+        # gain or lose by the edits below, which may hand their storage on (fxrules.engine.watch)
+        self.storage = StorageWatch(self.effects.hands_on_storage)
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
         # guards.output_aliased's (graph, (output node, its args), outputs, their storage keys, their values),
         # kept between matches
@@ -308,12 +312,22 @@ class Workpiece:
         self.effects.edits += 1
         if self.hubs.grouped:
             self.hubs.made(node)
+        if self.storage.waiting:
+            self.storage.made(node)
+        if self.effects.aliasing.hub_users:
+            self.effects.aliasing.made(node)
         return node
 
     def replace_uses(self, root: fx.Node, value: fx.Node) -> None:
         """Every use of ``root`` becomes a use of ``value``."""
         self.journal.replacing(root, value)
         moved = list(root.users) if self.hubs.grouped and self.hubs.watches(value) else ()
+        if self.storage.waiting:  # root loses its users, value gains them
+            self.storage.users_changed(value, root.users)
+            self.storage.users_changed(root, root.users)
+        if self.effects.aliasing.hub_users:
+            for user in root.users:
+                self.effects.aliasing.user_added(value, user)
         root.replace_all_uses_with(value)
         self.effects.edits += 1
         for user in moved:
@@ -322,6 +336,11 @@ class Workpiece:
     def repoint(self, user: fx.Node, old: fx.Node, new: fx.Node) -> None:
         """``user`` reads ``new`` where it read ``old``."""
         self.journal.repointing(user, new)
+        if self.storage.waiting:
+            self.storage.users_changed(old, (user,))
+            self.storage.users_changed(new, (user,))
+        if self.effects.aliasing.hub_users:
+            self.effects.aliasing.user_added(new, user)
         user.replace_input_with(old, new)
         self.effects.edits += 1
         if self.hubs.grouped:
@@ -330,6 +349,8 @@ class Workpiece:
     def erase(self, node: fx.Node) -> None:
         """Erase ``node`` (it has no users left)."""
         self.journal.erasing(node)
+        if self.storage.waiting:  # (judged with its arguments: erasing clears them)
+            self.storage.erasing(node)
         fxaccess.erase_node(self.graph, node)
         self.erased(node)
         self.effects.edits += 1
