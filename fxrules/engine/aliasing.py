@@ -331,8 +331,8 @@ class Aliasing:
         facts it keeps per module, without ``getattr``'s cost for a module that has none). ``hands_on``:
         whether a user may view, write or return what it reads
         (:meth:`fxrules.engine.planner.Effects.hands_on_storage`); with it, the users of a node read by many
-        are indexed (:meth:`storage_users`), and every user such a node gains must be told
-        (:meth:`user_added`)."""
+        are indexed (:meth:`storage_users`), and every node made or whose arguments are set must be told
+        (:meth:`rewired`)."""
         self.module_of = module_of
         self.attr_of = attr_of
         self.module_is_known = module_is_known
@@ -407,8 +407,10 @@ class Aliasing:
         input every block reads) has few such users, and the planner asks about it per match: walking all
         its users made a run of matches next to it quadratic (per block ``(x * 1).add_(1)`` beside ``x + 0``,
         6,400 nodes: 18 s of 26 in these walks). From :data:`HUB` users on, a node's users that
-        ``hands_on`` are kept in an index, made on the first ask and told of every user gained
-        (:meth:`user_added`); a user lost is left out when read."""
+        ``hands_on`` are kept in an index, made on the first ask and told of every node made or rewired
+        (:meth:`rewired`), which keeps it in the order of ``node.users``; a user lost is left out when read (a
+        stale entry could only be a node erased or no longer reading ``node``, which the walks' own tests
+        leave out too: dropping them saves work)."""
         users = node.users
         if self.hands_on is None or len(users) < HUB:
             return users
@@ -422,22 +424,21 @@ class Aliasing:
             index = self.hub_users[node] = dict.fromkeys(live)
         return live
 
-    def user_added(self, node: fx.Node, user: fx.Node) -> None:
-        """``user`` is about to read ``node`` (told before the edit): where ``node``'s users are indexed, it
-        joins them as ``node.users`` will hold it (where it is already a user, it keeps its place)."""
-        index = self.hub_users.get(node)
-        if index is None or user in node.users or not self.hands_on(user):
-            return
-        index.pop(user, None)
-        index[user] = None
-
-    def made(self, node: fx.Node) -> None:
-        """``node`` was just made: the last user of each of its inputs."""
+    def rewired(self, user: fx.Node) -> None:
+        """``user`` was just made, or its arguments just set (a rewrite moved it to another value, or repointed
+        it): torch takes it out of the users of each of its inputs and puts it back last, and so does the
+        index of each indexed one."""
         hub_users = self.hub_users
-        for value in node.all_input_nodes:
+        hands_on = None
+        for value in user.all_input_nodes:
             index = hub_users.get(value)
-            if index is not None and self.hands_on(node):
-                index[node] = None
+            if index is None:
+                continue
+            if hands_on is None:
+                hands_on = self.hands_on(user)
+            if hands_on:
+                index.pop(user, None)
+                index[user] = None
 
     # -- walks -----------------------------------------------------------------
     def roots(self, node: fx.Node) -> set:

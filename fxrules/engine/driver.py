@@ -414,8 +414,8 @@ class _Session:
         # match is found by the next run.)
         # A match the planner turns down for a reason about storage (STORAGE_REFUSALS: a later write the
         # replacement would redirect, a read across a write) reads the values it bound only through their
-        # storage: it waits on its own nodes as above, and on those values only for a user that may view,
-        # write or return them (the workpiece's StorageWatch records such a change). Else each rewrite beside
+        # storage: it waits on its own nodes as above, and on those values only for the loss of a user that may
+        # view, write or return them (the workpiece's StorageWatch records one). Else each rewrite beside
         # an input that every block reads sent back every such match: per block `(x * 1).add_(1)` (mul_one
         # turned down) beside `x + 0` (rewritten), 1,600 nodes took 15.6 s. (Multi-root rules wait as before:
         # their further roots are found among the bound values' users.)

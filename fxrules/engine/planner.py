@@ -75,8 +75,11 @@ graph's output among their users (:func:`replacement_writes_input`, :func:`repla
 :func:`reads_across_mutation`, :func:`output_alias_introduced`, :func:`reads_written_value`), and otherwise
 only the match itself (:func:`uses_replaced_node`, a literal, :func:`placement`: the roots' users and fixed
 positions). A user that comes or goes without viewing, writing or returning a bound value
-(:meth:`Effects.hands_on_storage` false) changes none of these answers; the checks before them
-(:func:`plan`'s order) may come to refuse, which leaves the match refused. The other refusals read a bound
+(:meth:`Effects.hands_on_storage` false) changes none of these answers; one that does, gained, only adds to
+what they look for (each refuses when it finds a view, a write or an output of the kind it names), so the
+refusal stands; the checks before them (:func:`plan`'s order) may come to refuse, which leaves the match
+refused. Only a loss of a user that may view, write or return a bound value can let such a match through
+(:mod:`fxrules.engine.watch`). The other refusals read a bound
 value's users as such: whether a value would be left unused (``changes-random-draws``), whether an
 in-place write's argument is a temporary only it reads (``drops-side-effect``)."""
 

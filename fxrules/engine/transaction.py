@@ -294,7 +294,7 @@ class Workpiece:
         # matcher asks through its GraphView); every edit below that gives a node a user tells it
         self.hubs = UsersByKey()
         # the nodes matches turned down for a storage reason wait on (the driver's), told of every user they
-        # gain or lose by the edits below, which may hand their storage on (fxrules.engine.watch)
+        # lose by the edits below that may hand their storage on (fxrules.engine.watch)
         self.storage = StorageWatch(self.effects.hands_on_storage)
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
         # guards.output_aliased's (graph, (output node, its args), outputs, their storage keys, their values),
@@ -312,24 +312,21 @@ class Workpiece:
         self.effects.edits += 1
         if self.hubs.grouped:
             self.hubs.made(node)
-        if self.storage.waiting:
-            self.storage.made(node)
         if self.effects.aliasing.hub_users:
-            self.effects.aliasing.made(node)
+            self.effects.aliasing.rewired(node)
         return node
 
     def replace_uses(self, root: fx.Node, value: fx.Node) -> None:
         """Every use of ``root`` becomes a use of ``value``."""
         self.journal.replacing(root, value)
         moved = list(root.users) if self.hubs.grouped and self.hubs.watches(value) else ()
-        if self.storage.waiting:  # root loses its users, value gains them
-            self.storage.users_changed(value, root.users)
-            self.storage.users_changed(root, root.users)
-        if self.effects.aliasing.hub_users:
-            for user in root.users:
-                self.effects.aliasing.user_added(value, user)
+        if self.storage.waiting:
+            self.storage.lost(root, root.users)
+        rewired = list(root.users) if self.effects.aliasing.hub_users else ()
         root.replace_all_uses_with(value)
         self.effects.edits += 1
+        for user in rewired:  # (in the order torch re-adds them to their inputs' users)
+            self.effects.aliasing.rewired(user)
         for user in moved:
             self.hubs.added(value, user)
 
@@ -337,12 +334,11 @@ class Workpiece:
         """``user`` reads ``new`` where it read ``old``."""
         self.journal.repointing(user, new)
         if self.storage.waiting:
-            self.storage.users_changed(old, (user,))
-            self.storage.users_changed(new, (user,))
-        if self.effects.aliasing.hub_users:
-            self.effects.aliasing.user_added(new, user)
+            self.storage.lost(old, (user,))
         user.replace_input_with(old, new)
         self.effects.edits += 1
+        if self.effects.aliasing.hub_users:
+            self.effects.aliasing.rewired(user)
         if self.hubs.grouped:
             self.hubs.added(new, user)
 

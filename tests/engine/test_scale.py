@@ -301,6 +301,22 @@ def casts_of_one_input(n: int) -> fx.GraphModule:
     return fx.GraphModule(nn.Module(), graph)
 
 
+def written_products_beside_adds(n: int) -> fx.GraphModule:
+    """Per block of four nodes ``(x * 1).add_(1)`` and ``neg(x + 0)``, the products and negations summed: every
+    block reads the input twice."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    total = None
+    for _ in range(n // 4):
+        product = graph.call_function(torch.mul, (x, 1))
+        graph.call_method("add_", (product, 1))
+        pair = graph.call_function(torch.add, (product, graph.call_function(torch.neg,
+                                                                             (graph.call_function(torch.add, (x, 0)),))))
+        total = pair if total is None else graph.call_function(torch.add, (total, pair))
+    graph.output(total)
+    return fx.GraphModule(nn.Module(), graph)
+
+
 def nested_modules(n: int) -> fx.GraphModule:
     """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
     root = nn.Module()
@@ -374,6 +390,12 @@ SHAPES = {
                            "rule pair [exact]: call_method to($x, $d) as a, call_method to($x, $d) as b"
                            " where $d == torch.float64 -> call_method to($x, $d) as c, c\n"
                            "rule same [exact]: call_method to($x, torch.float32) -> $x\n"),
+    # `x * 1` is turned down (its product is written in place), waiting on x; each `x + 0` rewritten takes a
+    # user from x and gives it another: every such rewrite sent back every product turned down, and the
+    # planner walked every user of x for each (looking for views and writes of it)
+    "written_products_beside_adds": (written_products_beside_adds,
+                                     "rule one [exact]: call_function torch.mul($x, 1) -> $x\n"
+                                     "rule zero [exact]: call_function torch.add($x, 0) -> $x\n"),
     "nested_modules": (nested_modules,
                        "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                        "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),

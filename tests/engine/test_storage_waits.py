@@ -23,6 +23,7 @@ import fxrules
 from fxrules.engine import aliasing, driver
 from fxrules.engine.errors import RewriteLoopError
 from fxrules.engine.planner import STORAGE_REFUSALS
+from fxrules.engine.transaction import Workpiece
 
 RULES = """
 rule mul_one [exact]: call_function torch.mul($x, 1) -> $x
@@ -90,7 +91,7 @@ def _run(gm: fx.GraphModule, hub: int, storage_refusals: frozenset, inplace: boo
         except RewriteLoopError as exc:
             return str(exc), (), ()
     applied = [(a.rule, a.matched, a.created, a.replaced_by) for a in result.report.applied]
-    rejected = sorted((r.rule, r.matched) for r in result.report.rejected)
+    rejected = sorted((r.rule, r.matched, r.code, r.reason) for r in result.report.rejected)
     return result.module.code, applied, rejected
 
 
@@ -169,3 +170,70 @@ def test_a_hub_that_only_gains_and_loses_plain_users_does_not_send_back_what_wai
     result = fxrules.apply_rules(fx.GraphModule(nn.Module(), graph), rules)
     assert len(result.report.applied) == 40 and len(result.report.rejected) == 40
     assert len(tried) == 80  # each of the 40 turned down once, each of the 40 rewritten once
+
+
+def test_each_edit_that_takes_a_user_that_may_view_a_watched_node_tells_the_watch():
+    """Erasing a user, moving a root's users to another value and repointing a user each take a user away; the
+    watch records a watched node only when the user taken may view, write or return it."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.placeholder("y")
+    plain = graph.call_function(torch.neg, (x,))
+    view = graph.call_method("t", (x,))
+    root = graph.call_function(torch.relu, (y,))
+    over_root = graph.call_method("t", (root,))
+    repointed = graph.call_method("view", (y, -1))
+    graph.output((plain, view, over_root, repointed))
+    gm = fx.GraphModule(nn.Module(), graph)
+    work = Workpiece(gm.graph, gm, class_name="Model")
+    watch = work.storage
+    for node in (x, y, root):
+        watch.waiting[node] = []
+    graph.output_node().args = ((view, over_root, repointed),)
+    work.erase(plain)  # x loses a neg: nothing
+    assert watch.take_changed() == []
+    graph.output_node().args = ((over_root, repointed),)
+    work.erase(view)  # x loses a view
+    assert watch.take_changed() == [x]
+    work.replace_uses(root, y)  # root loses a view (y gains it: not recorded)
+    assert watch.take_changed() == [root]
+    work.repoint(repointed, y, x)  # y loses a view
+    assert watch.take_changed() == [y]
+
+
+def test_the_index_of_a_hub_s_storage_users_follows_every_edit_in_the_order_of_its_users(monkeypatch):
+    """Indexed once, then told of users made, moved to it and repointed (one repointed from another input while
+    reading it too, one that came back): torch puts a node whose arguments are set last among the users of each of
+    its inputs, and so does the index; users it lost are left out. Always the users that may view, write or return
+    it, in the order of ``node.users``."""
+    monkeypatch.setattr(aliasing, "HUB", 1)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.placeholder("y")
+    first = graph.call_method("t", (x,))
+    plain = graph.call_function(torch.neg, (x,))
+    both = graph.call_function(torch.add, (x, y))
+    leaving = graph.call_method("view", (x, -1))
+    root = graph.call_function(torch.relu, (y,))
+    moving = graph.call_method("t", (root,))
+    twice = graph.call_method("expand_as", (y, x))
+    graph.output((first, plain, both, leaving, moving, twice))
+    gm = fx.GraphModule(nn.Module(), graph)
+    work = Workpiece(gm.graph, gm, class_name="Model")
+    analysis = work.effects.aliasing
+
+    def expected() -> list:
+        return [user for user in x.users if work.effects.hands_on_storage(user)]
+
+    assert list(analysis.storage_users(x)) == expected() == [first, leaving, twice]
+    with graph.inserting_after(plain):
+        made = work.new_node("call_method", "unsqueeze", (x, 0), {})
+    work.replace_uses(root, x)  # `moving` views x now
+    work.repoint(leaving, x, y)  # leaves
+    work.repoint(twice, y, x)  # already a user of x: goes last too
+    assert list(analysis.storage_users(x)) == expected() == [first, made, moving, twice]
+    work.repoint(leaving, y, x)  # comes back: last
+    assert list(analysis.storage_users(x)) == expected() == [first, made, moving, twice, leaving]
+    work.repoint(plain, x, y)  # a plain user leaves: nothing indexed moves
+    work.repoint(both, y, made)  # reads x and made: goes last among x's users, but is not indexed (plain)
+    assert list(analysis.storage_users(x)) == expected() == [first, made, moving, twice, leaving]
