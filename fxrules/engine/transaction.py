@@ -297,9 +297,8 @@ class Workpiece:
         # lose by the edits below that may hand their storage on (fxrules.engine.watch)
         self.storage = StorageWatch(self.effects.hands_on_storage)
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
-        # guards.output_aliased's (graph, (output node, its args), outputs, their storage keys, their values),
-        # kept between matches
-        self.output_storages: Optional[tuple] = None
+        # guards.output_aliased's outputs and parameters by storage, kept between matches
+        self.output_storages: Optional[guards.OutputStorages] = None
 
     # -- creating nodes ----------------------------------------------------------
     def new_node(self, op: str, target: Any, args: tuple, kwargs: dict) -> fx.Node:
@@ -354,6 +353,12 @@ class Workpiece:
     def meta_of(self, node: fx.Node) -> dict:
         """``node.meta``, to be written."""
         return self.journal.meta_of(node)
+
+    def set_value(self, node: fx.Node, val: Any) -> None:
+        """Give a node of the graph the value ``val`` (``meta['val']``); the guards' index of the outputs by
+        storage is made again (the node may be returned)."""
+        self.meta_of(node)["val"] = val
+        self.output_storages = None
 
     # -- lookups ---------------------------------------------------------------
     def fake_mode(self) -> Any:
@@ -1072,7 +1077,7 @@ def apply_match(work: Workpiece, match: Match, plan: Plan) -> "tuple[Applied, se
     for root, value in zip(roots, new_values):
         if isinstance(value, fx.Node) and value is not root:
             if work.has_values and "val" not in value.meta and "val" in root.meta:
-                work.meta_of(value)["val"] = root.meta["val"]
+                work.set_value(value, root.meta["val"])
             touched.update(root.users)
             work.replace_uses(root, value)
             if value in touched:  # made or kept by this replacement

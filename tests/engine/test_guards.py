@@ -658,8 +658,8 @@ def test_same_layout_answers_as_the_layout_keys_do(data):
 
 
 def test_output_storages_are_kept_until_an_output_changes():
-    """guards._output_storages keeps the outputs' storage keys between matches, and finds them again when
-    a rewire gives the output node other arguments (or a value another meta['val'])."""
+    """guards.OutputStorages keeps the outputs by storage between matches, and is made again when a rewire
+    gives the output node other arguments, or the workpiece gives a node another meta['val']."""
     from fxrules.engine import guards
     from fxrules.engine.transaction import Workpiece
 
@@ -669,14 +669,110 @@ def test_output_storages_are_kept_until_an_output_changes():
 
     gm = torch.export.export(TwoOutputs(), (torch.randn(2, 3),)).module()
     work = Workpiece(gm.graph, gm, class_name="TwoOutputs")
-    outputs, keys = guards._output_storages(work)
-    relu, neg = outputs
+    index = guards.OutputStorages.of(work)
+    relu, neg = index.outputs
     assert (relu.target, neg.target) == (torch.ops.aten.relu.default, torch.ops.aten.neg.default)
-    assert guards._output_storages(work)[1] is keys  # kept
+    assert guards.OutputStorages.of(work) is index  # kept
     x = next(n for n in gm.graph.nodes if n.op == "placeholder")
     work.replace_uses(neg, x)
-    outputs, again = guards._output_storages(work)
-    assert outputs == [relu, x] and again is not keys
-    assert again[1] == guards._storage(x.meta["val"]) != keys[1]
-    relu.meta["val"] = torch.neg(x.meta["val"])  # another value object (the same fake mode's)
-    assert guards._output_storages(work)[1] is not again
+    again = guards.OutputStorages.of(work)
+    assert again.outputs == [relu, x] and again is not index
+    x_key = guards._storage(x.meta["val"])
+    assert again.first_of_key[x_key] is x and guards._storage(neg.meta["val"]) not in again.first_of_key
+    work.set_value(relu, x.meta["val"])  # relu now shares x's storage (as far as the guards know)
+    third = guards.OutputStorages.of(work)
+    assert third is not again and third.first_of_key[x_key] is relu
+    assert third.first_sharing(work, x_key) == f"the output %{relu.name}"
+
+
+def _outputs_aliased_by_walking(work, match, values):
+    """What guards.output_aliased answers, found by walking every output and get_attr node (its form before
+    the outputs were indexed by storage): the reference for the property below."""
+    from torch import fx
+
+    from fxrules.engine import guards
+    outputs: list = []
+    for node in work.graph.find_nodes(op="output"):
+        fx.node.map_arg(node.args, outputs.append)
+    keys = [guards._storage(node.meta.get("val")) for node in outputs]
+
+    def aliases(key, affected):
+        if key is None:
+            return []
+        found = []
+        for node in work.graph.find_nodes(op="get_attr"):
+            if guards._storage(node.meta.get("val")) == key:
+                kind = "parameter" if isinstance(work.attr_of(node.target), nn.Parameter) else "buffer"
+                found.append(f"the {kind} `{node.target}`")
+        found += [f"the output %{outputs[i].name}" for i, k in enumerate(keys) if i not in affected and k == key]
+        return found
+
+    for root, value in zip(match.roots, values):
+        old, new = guards._storage(root.meta.get("val")), guards._storage(value)
+        if new is None or new == old or not outputs:
+            continue
+        affected = [i for i, k in enumerate(keys) if k is not None and (k == old or outputs[i] is root)]
+        if not affected:
+            continue
+        before = aliases(old, affected)
+        added = [name for name in aliases(new, affected) if name not in before]
+        if added:
+            return outputs[affected[0]].name, added[0]
+    return None
+
+
+@given(data=st.data())
+def test_the_output_aliasing_guard_answers_what_walking_every_output_answers(data):
+    """Over a graph returning a random selection of its input, its parameters and buffer, views of them and
+    fresh values (repeats included), with random rewires and values given between the questions: for each
+    root and replacement value, guards.output_aliased (outputs and get_attr nodes indexed by storage) refuses
+    exactly when the walk does, naming the same output and the same storage."""
+    from types import SimpleNamespace
+
+    from torch import fx
+
+    from fxrules.engine import guards
+    from fxrules.engine.driver import prepare
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.randn(3, 3))
+            self.register_buffer("b", torch.randn(3, 3))
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    nodes = [x, graph.get_attr("p"), graph.get_attr("b")]
+    for _ in range(data.draw(st.integers(2, 10))):
+        base = data.draw(st.sampled_from(nodes))
+        kind = data.draw(st.sampled_from(["t", "relu", "neg", "contiguous"]))
+        nodes.append(graph.call_method(kind, (base,)) if kind in ("t", "contiguous")
+                     else graph.call_function(getattr(torch, kind), (base,)))
+    returned = data.draw(st.lists(st.sampled_from(nodes), min_size=0, max_size=6))
+    graph.output(tuple(returned))
+    work = prepare(fx.GraphModule(Model(), graph), example_inputs=(torch.randn(3, 3),))
+    nodes = [n for n in work.graph.nodes if n.op != "output"]
+    for _ in range(data.draw(st.integers(1, 6))):
+        step = data.draw(st.sampled_from(["ask", "ask", "rewire", "value"]))
+        if step == "rewire":  # an output reads another node (no cycle: `value` comes first)
+            old = data.draw(st.sampled_from(nodes))
+            value = data.draw(st.sampled_from(nodes))
+            if value is not old and value < old:
+                work.replace_uses(old, value)
+            continue
+        if step == "value":
+            node, other = data.draw(st.sampled_from(nodes)), data.draw(st.sampled_from(nodes))
+            work.set_value(node, other.meta["val"])
+            continue
+        root = data.draw(st.sampled_from(nodes))
+        value = data.draw(st.sampled_from(nodes)).meta["val"]
+        match = SimpleNamespace(roots=(root,), rule=SimpleNamespace(name="r"),
+                                program=SimpleNamespace(replacements=(None,)))
+        refusal = guards.output_aliased(work, match, (value,))
+        expected = _outputs_aliased_by_walking(work, match, (value,))
+        if expected is None:
+            assert refusal is None
+        else:
+            assert refusal is not None and refusal.code is RefusalCode.OUTPUT_ALIAS_INTRODUCED
+            output, storage = expected
+            assert f"graph output %{output} share storage with {storage}:" in refusal.message
