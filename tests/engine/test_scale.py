@@ -317,6 +317,21 @@ def written_products_beside_adds(n: int) -> fx.GraphModule:
     return fx.GraphModule(nn.Module(), graph)
 
 
+def input_written_by_every_block(n: int) -> fx.GraphModule:
+    """Per block of three nodes ``x * 1``, then ``x.add_(1)``, then a negation of the product, summed: every
+    ``add_`` is a view of the input (it returns it), so the input's storage tree is a third of the graph."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    total = None
+    for _ in range(n // 3):
+        product = graph.call_function(torch.mul, (x, 1))
+        graph.call_method("add_", (x, 1))
+        negated = graph.call_function(torch.neg, (product,))
+        total = negated if total is None else graph.call_function(torch.add, (total, negated))
+    graph.output(total)
+    return fx.GraphModule(nn.Module(), graph)
+
+
 def nested_modules(n: int) -> fx.GraphModule:
     """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
     root = nn.Module()
@@ -396,6 +411,11 @@ SHAPES = {
     "written_products_beside_adds": (written_products_beside_adds,
                                      "rule one [exact]: call_function torch.mul($x, 1) -> $x\n"
                                      "rule zero [exact]: call_function torch.add($x, 0) -> $x\n"),
+    # each `x * 1` is turned down (the input is written after it, and x would stand in for the product): the
+    # first writer after the match writes the input, but with more than TREE_LIMIT writers after it the
+    # planner walked the input's whole storage tree (every add_) per match
+    "input_written_by_every_block": (input_written_by_every_block,
+                                     "rule one [exact]: call_function torch.mul($x, 1) -> $x\n"),
     "nested_modules": (nested_modules,
                        "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                        "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),
