@@ -324,6 +324,8 @@ class Workpiece:
         rewired = list(root.users) if self.effects.aliasing.hub_users else ()
         root.replace_all_uses_with(value)
         self.effects.edits += 1
+        if self.output_storages is not None:
+            self.output_storages.rewired(root, value)
         for user in rewired:  # (in the order torch re-adds them to their inputs' users)
             self.effects.aliasing.rewired(user)
         for user in moved:
@@ -336,6 +338,8 @@ class Workpiece:
             self.storage.lost(old, (user,))
         user.replace_input_with(old, new)
         self.effects.edits += 1
+        if self.output_storages is not None and user.op == "output":
+            self.output_storages.rewired(old, new)
         if self.effects.aliasing.hub_users:
             self.effects.aliasing.rewired(user)
         if self.hubs.grouped:
@@ -356,9 +360,10 @@ class Workpiece:
 
     def set_value(self, node: fx.Node, val: Any) -> None:
         """Give a node of the graph the value ``val`` (``meta['val']``); the guards' index of the outputs by
-        storage is made again (the node may be returned)."""
+        storage is told (the node may be returned)."""
         self.meta_of(node)["val"] = val
-        self.output_storages = None
+        if self.output_storages is not None:
+            self.output_storages.revalued(node)
 
     # -- lookups ---------------------------------------------------------------
     def fake_mode(self) -> Any:

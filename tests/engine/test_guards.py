@@ -657,32 +657,36 @@ def test_same_layout_answers_as_the_layout_keys_do(data):
     assert guards._same_layout(a, b) == (guards._layout_key(a) == guards._layout_key(b))
 
 
-def test_output_storages_are_kept_until_an_output_changes():
-    """guards.OutputStorages keeps the outputs by storage between matches, and is made again when a rewire
-    gives the output node other arguments, or the workpiece gives a node another meta['val']."""
+def test_output_storages_are_kept_through_the_workpiece_s_edits():
+    """guards.OutputStorages keeps the outputs by storage between matches, told by the workpiece of a returned
+    value replaced (``replace_uses``, ``repoint``) or given another value (``set_value``); an output node whose
+    arguments change otherwise is read anew."""
     from fxrules.engine import guards
     from fxrules.engine.transaction import Workpiece
 
     class TwoOutputs(nn.Module):
         def forward(self, x):
-            return torch.relu(x), torch.neg(x)
+            return torch.relu(x), torch.neg(x), torch.neg(x)
 
     gm = torch.export.export(TwoOutputs(), (torch.randn(2, 3),)).module()
     work = Workpiece(gm.graph, gm, class_name="TwoOutputs")
     index = guards.OutputStorages.of(work)
-    relu, neg = index.outputs
+    relu, neg, neg_1 = index.outputs
     assert (relu.target, neg.target) == (torch.ops.aten.relu.default, torch.ops.aten.neg.default)
-    assert guards.OutputStorages.of(work) is index  # kept
     x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    x_key, neg_key = guards._storage(x.meta["val"]), guards._storage(neg.meta["val"])
     work.replace_uses(neg, x)
-    again = guards.OutputStorages.of(work)
-    assert again.outputs == [relu, x] and again is not index
-    x_key = guards._storage(x.meta["val"])
-    assert again.first_of_key[x_key] is x and guards._storage(neg.meta["val"]) not in again.first_of_key
+    assert guards.OutputStorages.of(work) is index  # told, kept
+    assert index.outputs == [relu, x, neg_1] and index.counts[x_key] == 1 and not index.counts[neg_key]
+    work.repoint(gm.graph.output_node(), neg_1, x)
+    assert index.outputs == [relu, x, x] and index.counts[x_key] == 2 and index.where[x] == [1, 2]
+    relu_key = guards._storage(relu.meta["val"])
     work.set_value(relu, x.meta["val"])  # relu now shares x's storage (as far as the guards know)
-    third = guards.OutputStorages.of(work)
-    assert third is not again and third.first_of_key[x_key] is relu
-    assert third.first_sharing(work, x_key) == f"the output %{relu.name}"
+    assert guards.OutputStorages.of(work) is index and index.counts[x_key] == 3 and not index.counts[relu_key]
+    assert index.first_sharing(work, x_key) == f"the output %{relu.name}"
+    gm.graph.output_node().args = ((neg_1, x),)  # not through the workpiece
+    again = guards.OutputStorages.of(work)
+    assert again is not index and again.outputs == [neg_1, x] and again.counts[x_key] == 1
 
 
 def _outputs_aliased_by_walking(work, match, values):
