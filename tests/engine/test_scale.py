@@ -332,6 +332,14 @@ def input_written_by_every_block(n: int) -> fx.GraphModule:
     return fx.GraphModule(nn.Module(), graph)
 
 
+def negations_of_a_returned_input(n: int) -> fx.GraphModule:
+    """The input and ``n - 2`` negations of it, all returned."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((x, *[graph.call_function(torch.neg, (x,)) for _ in range(n - 2)]))
+    return fx.GraphModule(nn.Module(), graph)
+
+
 def nested_modules(n: int) -> fx.GraphModule:
     """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
     root = nn.Module()
@@ -416,6 +424,10 @@ SHAPES = {
     # planner walked the input's whole storage tree (every add_) per match
     "input_written_by_every_block": (input_written_by_every_block,
                                      "rule one [exact]: call_function torch.mul($x, 1) -> $x\n"),
+    # each negation is turned down (returning the input in its place would make two outputs share storage):
+    # the check whether the input is returned walked its users per match
+    "negations_of_a_returned_input": (negations_of_a_returned_input,
+                                      "rule neg [changes]: call_function torch.neg($x) -> $x\n"),
     "nested_modules": (nested_modules,
                        "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                        "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),
