@@ -297,6 +297,7 @@ class Workpiece:
         # lose by the edits below that may hand their storage on (fxrules.engine.watch)
         self.storage = StorageWatch(self.effects.hands_on_storage)
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
+        self._stride_walks: tuple = (-1, ({}, {}))  # (edits, what stride_readers answers): see stride_readers
         # guards.output_aliased's outputs and parameters by storage, kept between matches
         self.output_storages: Optional[guards.OutputStorages] = None
 
@@ -450,6 +451,15 @@ class Workpiece:
         if self._stride_readers is None:
             self._stride_readers = guards.count_stride_readers(self.graph)
         return self._stride_readers > 0
+
+    def stride_readers(self, outputs_read: bool) -> dict:
+        """What :func:`fxrules.engine.guards.stride_reader` has found below nodes (``outputs_read`` or not),
+        for the graph as it is now: kept until the next edit (:attr:`Effects.edits`)."""
+        edits, found = self._stride_walks
+        if edits != self.effects.edits:
+            found = ({}, {})
+            self._stride_walks = (self.effects.edits, found)
+        return found[outputs_read]
 
     def created(self, node: fx.Node) -> None:
         self.effects.node_created(node)

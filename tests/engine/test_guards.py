@@ -780,3 +780,74 @@ def test_the_output_aliasing_guard_answers_what_walking_every_output_answers(dat
             assert refusal is not None and refusal.code is RefusalCode.OUTPUT_ALIAS_INTRODUCED
             output, storage = expected
             assert f"graph output %{output} share storage with {storage}:" in refusal.message
+
+
+def _stride_reader_by_walking(root, outputs_read):
+    """guards.stride_reader as it walked before it kept what it found: the reference for the property below."""
+    from fxrules.engine import guards
+    seen: set = set()
+    stack = list(root.users)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if guards.is_stride_reader(node) or (outputs_read and node.op == "output"):
+            return node
+        stack.extend(node.users)
+    return None
+
+
+@given(data=st.data())
+def test_the_stride_reader_found_with_what_earlier_walks_found_is_the_one_a_fresh_walk_finds(data):
+    """Over random graphs of elementwise calls, views and stride readers (``view``, ``stride``) reading one or
+    two earlier nodes, the output reading some: asked for every node in a random order with one shared
+    ``known`` per ``outputs_read``, stride_reader names the node the plain walk names."""
+    from torch import fx
+
+    from fxrules.engine import guards
+    graph = fx.Graph()
+    nodes = [graph.placeholder("x")]
+    for _ in range(data.draw(st.integers(1, 24))):
+        kind = data.draw(st.sampled_from(["neg", "add", "view", "stride", "t"]))
+        a = data.draw(st.sampled_from(nodes))
+        if kind == "add":
+            made = graph.call_function(torch.add, (a, data.draw(st.sampled_from(nodes))))
+        elif kind == "neg":
+            made = graph.call_function(torch.neg, (a,))
+        else:
+            made = graph.call_method(kind, (a, -1) if kind == "view" else (a,))
+        nodes.append(made)
+    graph.output(tuple(data.draw(st.lists(st.sampled_from(nodes), max_size=3))))
+    known = {False: {}, True: {}}
+    for node in data.draw(st.permutations(nodes)):
+        for outputs_read in (False, True):
+            assert guards.stride_reader(node, outputs_read=outputs_read, known=known[outputs_read]) \
+                is _stride_reader_by_walking(node, outputs_read)
+
+
+def test_what_stride_walks_found_is_kept_until_the_graph_is_edited():
+    """Workpiece.stride_readers answers the same tables (one per ``outputs_read``) until an edit, then new
+    empty ones: what a walk found below a node may be wrong once a node is made, erased or rewired."""
+    from torch import fx
+
+    from fxrules.engine import guards
+    from fxrules.engine.transaction import Workpiece
+
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    neg = graph.call_function(torch.neg, (x,))
+    view = graph.call_method("view", (neg, -1))
+    graph.output(view)
+    gm = fx.GraphModule(nn.Module(), graph)
+    work = Workpiece(gm.graph, gm, class_name="Model")
+    known = work.stride_readers(False)
+    assert guards.stride_reader(x, known=known) is view and known[neg] is view
+    assert work.stride_readers(False) is known and work.stride_readers(True) is not known
+    with gm.graph.inserting_before(view):
+        flat = work.new_node("call_method", "flatten", (neg,), {})
+    work.replace_uses(view, flat)
+    work.erase(view)
+    fresh = work.stride_readers(False)
+    assert fresh is not known and not fresh
+    assert guards.stride_reader(x, known=fresh) is None

@@ -340,6 +340,16 @@ def negations_of_a_returned_input(n: int) -> fx.GraphModule:
     return fx.GraphModule(nn.Module(), graph)
 
 
+def chain_before_a_view(n: int) -> fx.GraphModule:
+    """``v = v + 0`` ``n - 2`` times, then ``v.view(-1)`` returned: a stride reader below every add."""
+    graph = fx.Graph()
+    value = graph.placeholder("x")
+    for _ in range(n - 2):
+        value = graph.call_function(torch.add, (value, 0))
+    graph.output(graph.call_method("view", (value, -1)))
+    return fx.GraphModule(nn.Module(), graph)
+
+
 def nested_modules(n: int) -> fx.GraphModule:
     """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
     root = nn.Module()
@@ -428,6 +438,9 @@ SHAPES = {
     # the check whether the input is returned walked its users per match
     "negations_of_a_returned_input": (negations_of_a_returned_input,
                                       "rule neg [changes]: call_function torch.neg($x) -> $x\n"),
+    # without metadata, each `+ 0` is turned down (x's strides cannot be compared, and the view reads them):
+    # finding the view walked the rest of the chain per match
+    "chain_before_a_view": (chain_before_a_view, "rule zero [exact]: call_function torch.add($x, 0) -> $x\n"),
     "nested_modules": (nested_modules,
                        "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                        "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),
