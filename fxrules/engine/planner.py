@@ -1103,7 +1103,7 @@ def is_private_temporary(value: fx.Node, writer: fx.Node, effects: Effects) -> b
     return its input; so not a placeholder's, parameter's or buffer's storage), read by ``writer``
     and nothing else (so no view of it and no other reader, before or after the write, exists)."""
     return (value.op in _CALL_OPS and not effects.is_unknown_call(value) and not effects.aliasing.bases(value)
-            and set(value.users) == {writer})
+            and len(value.users) == 1 and writer in value.users)
 
 
 _CALL_OPS = frozenset({"call_function", "call_method", "call_module"})
