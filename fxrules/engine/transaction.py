@@ -103,6 +103,10 @@ class Journal:
         self.saved: dict = {}  # node -> fxaccess.NodeState before this run first changed it
         self.metas: dict = {}  # node -> a copy of its meta before this run first wrote it
         self.made: dict = {}  # the nodes this run created (a dict as an ordered set)
+        # users whose every input has been saved (or made): a later input is a value put in a root's place or
+        # repointed to, saved as it comes, so the inputs of a user read by thousands (the output node) are
+        # looked through once, not per rewrite
+        self.inputs_saved: set = set()
         # The node list's changes in the order they were made: (node, None) for a node created, (node, the
         # node before it then) for a node erased (one this run created too)
         self.links: list = []
@@ -150,10 +154,14 @@ class Journal:
         for node in (root, value, *root.users):  # touch(), written out: per rewrite, on the hot path
             if node not in saved and node not in made:
                 saved[node] = fxaccess.node_state(node)
+        inputs_saved = self.inputs_saved
         for user in root.users:
+            if user in inputs_saved:
+                continue
             for used in user.all_input_nodes:
                 if used not in saved and used not in made:
                     saved[used] = fxaccess.node_state(used)
+            inputs_saved.add(user)
 
     def repointing(self, user: fx.Node, new: fx.Node) -> None:
         """Before ``user``'s reads of one node are re-pointed to ``new`` (as :meth:`replacing`, for one user)."""
