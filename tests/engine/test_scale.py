@@ -301,35 +301,39 @@ def casts_of_one_input(n: int) -> fx.GraphModule:
     return fx.GraphModule(nn.Module(), graph)
 
 
-def written_products_beside_adds(n: int) -> fx.GraphModule:
-    """Per block of four nodes ``(x * 1).add_(1)`` and ``neg(x + 0)``, the products and negations summed: every
-    block reads the input twice."""
+def summed_blocks(n: int, per_block: int, block) -> fx.GraphModule:
+    """``block(graph, x)``, a value, ``n // per_block`` times over one input, the values summed."""
     graph = fx.Graph()
     x = graph.placeholder("x")
     total = None
-    for _ in range(n // 4):
-        product = graph.call_function(torch.mul, (x, 1))
-        graph.call_method("add_", (product, 1))
-        pair = graph.call_function(torch.add, (product, graph.call_function(torch.neg,
-                                                                             (graph.call_function(torch.add, (x, 0)),))))
-        total = pair if total is None else graph.call_function(torch.add, (total, pair))
+    for _ in range(n // per_block):
+        value = block(graph, x)
+        total = value if total is None else graph.call_function(torch.add, (total, value))
     graph.output(total)
     return fx.GraphModule(nn.Module(), graph)
+
+
+def written_products_beside_adds(n: int) -> fx.GraphModule:
+    """Per block of four nodes ``(x * 1).add_(1)`` and ``neg(x + 0)``, the product and the negation summed:
+    every block reads the input twice."""
+    def block(graph, x):
+        product = graph.call_function(torch.mul, (x, 1))
+        graph.call_method("add_", (product, 1))
+        negated = graph.call_function(torch.neg, (graph.call_function(torch.add, (x, 0)),))
+        return graph.call_function(torch.add, (product, negated))
+
+    return summed_blocks(n, 4, block)
 
 
 def input_written_by_every_block(n: int) -> fx.GraphModule:
     """Per block of three nodes ``x * 1``, then ``x.add_(1)``, then a negation of the product, summed: every
     ``add_`` is a view of the input (it returns it), so the input's storage tree is a third of the graph."""
-    graph = fx.Graph()
-    x = graph.placeholder("x")
-    total = None
-    for _ in range(n // 3):
+    def block(graph, x):
         product = graph.call_function(torch.mul, (x, 1))
         graph.call_method("add_", (x, 1))
-        negated = graph.call_function(torch.neg, (product,))
-        total = negated if total is None else graph.call_function(torch.add, (total, negated))
-    graph.output(total)
-    return fx.GraphModule(nn.Module(), graph)
+        return graph.call_function(torch.neg, (product,))
+
+    return summed_blocks(n, 3, block)
 
 
 def negations_of_a_returned_input(n: int) -> fx.GraphModule:
