@@ -35,6 +35,7 @@ from fxrules.engine.refusals import MissCode, Refusal, RefusalCode
 from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
 from fxrules.lang.ruleset import RuleSet
 from fxrules.engine.budget import Budget, RealRunGuard, Unsized
+from fxrules.engine.guards import read_beyond
 from fxrules.engine.errors import AllocationRefused, ModelError, RewriteError, RewriteLoopError
 from fxrules.engine.transaction import Journal, Workpiece, apply_match, copy_graph, refusal_before_edit
 from fxrules.engine.worklist import Worklist
@@ -434,7 +435,16 @@ class _Session:
                 else:
                     found.append(item)
 
-        while (entry := pop()) is not None:
+        # A guard refusal that read the graph beyond the match (a stride reader below the root, the graph's
+        # outputs: guards.ReadBeyond) cannot wait on all it read (the path to a reader is as long as the rest
+        # of a chain): such matches are kept here and, when the worklist runs dry, the ones whose reading may
+        # have lapsed since rewrites followed them are tried again (see _lapsed). Before, the next run found
+        # them (a `view` below a chain rewritten into `reshape` freed an `[exact]` rule above it).
+        beyond: list = []  # [rewrites applied when refused, program, first root, guards.ReadBeyond]
+
+        while (entry := pop()) is not None or (beyond and self._lapsed(beyond, len(applied), push, add)):
+            if entry is None:
+                continue
             _, _, _, node, program = entry
             queued.discard((program.rule.index, node))
             if node.graph is None or fxaccess.erased(node):
@@ -463,9 +473,12 @@ class _Session:
                 raise
             except Exception as exc:
                 raise self.error(program, node, f"building the replacement raised {type(exc).__name__}: {exc}") from exc
-            if isinstance(outcome, Refusal):  # a builder declined these modules
+            if isinstance(outcome, Refusal):  # a builder declined these modules, or a guard refused
                 rejected[_rejected_key(program, result)] = _rejected(program, result, outcome)
                 wait(program, result)
+                read = read_beyond(result, outcome)
+                if read is not None:
+                    beyond.append([len(applied), program, result.roots[0], read])
                 continue
             entry, touched, lost = outcome
             if rejected:  # a match refused earlier that now rewrites is not reported refused
@@ -493,6 +506,28 @@ class _Session:
             for n, programs in scan(self._revisit(touched), module_of):  # the nodes some rule roots on
                 push(n, programs, add)
         return applied, list(rejected.values())
+
+    def _lapsed(self, beyond: list, applied: int, push: Callable, add: Callable) -> bool:
+        """Send back each match of ``beyond`` (see :meth:`rewrite`) refused before the last rewrite whose
+        refusal may have lapsed (:meth:`ReadBeyond.may_have_lapsed`); keep the others, as of now. Whether one
+        was sent back. A match sent back that is refused again comes back to the list: the sweeps end with a
+        round that rewrites nothing after them."""
+        kept = []
+        sent = False
+        work = self.work
+        for entry in beyond:
+            at, program, root, read = entry
+            if fxaccess.erased(root) or root.graph is None:
+                continue
+            if at != applied:
+                if read.may_have_lapsed(work):
+                    push(root, (program,), add)
+                    sent = True
+                    continue
+                entry[0] = applied
+            kept.append(entry)
+        beyond[:] = kept
+        return sent
 
     def _revisit(self, touched: Iterable[fx.Node]) -> set:
         """Touched nodes, their users up to :func:`_revisit_reach` levels, and siblings for multi-root rules."""

@@ -655,6 +655,58 @@ def _layout_unknown(match: Match, index: int, root: fx.Node, known: Optional[dic
                    f"strides", nodes)
 
 
+# -- what a refusal read beyond the match ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBeyond:
+    """What a guard's refusal read outside the match's own nodes and bound values (on which the driver's
+    wait sends a refused match back): for ``layout-changed``, the graph below the root (whether some node
+    there reads strides, by the walk that found the reader the refusal names: with the graph's output
+    counted as a reader or not); for the guard's ``output-alias-introduced``, the graph's outputs (the
+    output node's ``args`` as they were). A rewrite far from the match can take either away (a ``view``
+    below a chain rewritten into a ``reshape``; another output replaced): the driver asks
+    :meth:`may_have_lapsed` when its worklist runs dry, and tries the match again where the answer is yes,
+    so a run ends at a fixpoint (before, the next run found such a match)."""
+
+    root: fx.Node
+    outputs_read: bool
+    outputs: Any  # the output node's args when refused (output-alias-introduced); None for a layout refusal
+
+    def may_have_lapsed(self, work: Any) -> bool:
+        """Whether the refusal may no longer hold: the outputs changed, or no node below the root reads
+        strides now (by the same walk). False is exact: what the refusal read is as it was; what it read
+        inside the match is what the driver's wait watches."""
+        if self.outputs is not None:
+            return _output_node(self.root.graph).args is not self.outputs
+        return stride_reader(self.root, outputs_read=self.outputs_read,
+                             known=work.stride_readers(self.outputs_read)) is None
+
+
+def read_beyond(match: Match, refusal: Refusal) -> Optional[ReadBeyond]:
+    """What ``refusal`` (of :func:`check`, for ``match``) read beyond the match; None when it read only the
+    match's nodes and bound values. A layout refusal names the root first and the stride reader second
+    (:func:`layout_changed`, :func:`_layout_unknown`): a reader that is the output was found with the
+    output counted; any other reader is found by the walk without it too (which finds a reader exactly when
+    neither walk may pass the match: the walk with the output counted finds one whenever it does)."""
+    code = refusal.code
+    if code is not RefusalCode.LAYOUT_CHANGED and code is not RefusalCode.OUTPUT_ALIAS_INTRODUCED:
+        return None
+    name = refusal.nodes[0]
+    root = next((r for r in match.roots if r.name == name), match.roots[0])
+    output = _output_node(root.graph)
+    if code is RefusalCode.OUTPUT_ALIAS_INTRODUCED:
+        return ReadBeyond(root, True, output.args)
+    return ReadBeyond(root, len(refusal.nodes) > 1 and refusal.nodes[1] == output.name, None)
+
+
+def _output_node(graph: fx.Graph) -> fx.Node:
+    for node in reversed(graph.nodes):  # (the output is the last node of a traced graph)
+        if node.op == "output":
+            return node
+    raise ValueError("the graph has no output node")
+
+
 # -- aliasing ----------------------------------------------------------------------
 
 

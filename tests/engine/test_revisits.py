@@ -206,3 +206,94 @@ def test_further_roots_index_the_roots_after_the_first():
     assert set(index.by_key) == {("call_function", torch.cos)}
     assert [p.name for p in index.programs] == ["pair"]
     assert further_roots(compile_rules(fxrules.parse_rules(RELU_PAIR)).programs).by_key == {}
+
+
+class ReaderBelowAChain(nn.Module):
+    """``contiguous(x.t())`` three nodes above a ``view``: an ``[exact]`` rule dropping the ``contiguous`` is
+    turned down while the view (a stride reader) is below it, and a rule on the view, three levels down,
+    makes it a ``reshape`` (which reads no strides). The refusal read the graph below the root, which no
+    wait covers: the driver tries it again when its worklist runs dry."""
+
+    def forward(self, x):
+        c = x.t().contiguous()
+        return (c * 2).view(-1) + 1
+
+
+READER_RULES = (
+    "rule drop_contiguous [exact]:\n"
+    "    call_method contiguous($x) -> $x\n"
+    "rule view_to_reshape [exact]:\n"
+    "    call_method view($x, -1) -> call_method reshape($x, -1)\n"
+)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copying", "in place"])
+def test_a_layout_refusal_lapses_when_the_stride_reader_below_it_goes(inplace):
+    rules = fxrules.parse_rules(READER_RULES)
+    model = ReaderBelowAChain()
+    gm = fx.symbolic_trace(model)
+    result = fxrules.apply_rules(gm, rules, inplace=inplace)
+    assert [a.rule for a in result.report.applied] == ["view_to_reshape", "drop_contiguous"]
+    assert not result.report.rejected  # the refusal that came first is not reported: the match went through
+    assert "contiguous" not in result.module.code
+    assert not fxrules.apply_rules(result.module, rules).report.applied
+    x = torch.randn(3, 4)
+    assert torch.equal(result.module(x), model(x))
+
+
+def test_a_layout_refusal_that_still_holds_is_tried_again_only_after_a_rewrite(monkeypatch):
+    """Each ``contiguous`` has its own ``view`` below it (which stays): refused once each when nothing is
+    rewritten after; when rewrites follow (``x * 2`` at the end of each block), the sweep finds each view
+    still below its root and does not try the match again; the refusals are reported as before."""
+    from fxrules.engine import driver
+
+    tries = []
+    real = driver.apply_match
+    monkeypatch.setattr(driver, "apply_match", lambda work, match, plan: tries.append(match.rule.name)
+                        or real(work, match, plan))
+
+    class Blocks(nn.Module):
+        def __init__(self, n, tail):
+            super().__init__()
+            self.n, self.tail = n, tail
+
+        def forward(self, x):
+            for _ in range(self.n):
+                x = x.t().contiguous().view(-1).view(4, 3).t()
+                if self.tail:
+                    x = x * 2
+            return x
+
+    rules = fxrules.parse_rules(READER_RULES.split("rule view_to_reshape")[0]
+                                + "rule twice [exact]:\n    call_function operator.mul($x, 2) -> call_function operator.add($x, $x)\n")
+    result = fxrules.apply_rules(fx.symbolic_trace(Blocks(5, tail=False)), rules)
+    assert tries.count("drop_contiguous") == 5 and not result.report.applied
+    assert [r.code for r in result.report.rejected] == [fxrules.RefusalCode.LAYOUT_CHANGED] * 5
+    tries.clear()
+    result = fxrules.apply_rules(fx.symbolic_trace(Blocks(5, tail=True)), rules)
+    assert result.counts == {"twice": 5}
+    # each refusal is followed by rewrites (the products below), so the sweep looks again; the views stand
+    assert tries.count("drop_contiguous") == 5
+    assert [r.code for r in result.report.rejected] == [fxrules.RefusalCode.LAYOUT_CHANGED] * 5
+
+
+def test_an_output_alias_refusal_lapses_when_the_outputs_change():
+    """The guard's ``output-alias-introduced`` read every output: it may lapse once the output node's
+    arguments are others (the driver then tries the match again)."""
+    from fxrules.engine.guards import read_beyond
+    from fxrules.engine.refusals import Refusal, RefusalCode
+
+    work = prepare(fx.symbolic_trace(ReaderBelowAChain()), tracer=None, concrete_args=None, example_inputs=None)
+    session = _Session(work, fxrules.parse_rules(READER_RULES))
+    program = session.compiled.programs[0]
+    match = next(m for m in (session.match_directly(program, n) for n in work.graph.nodes) if m is not None)
+    root = match.roots[0]
+    read = read_beyond(match, Refusal(RefusalCode.OUTPUT_ALIAS_INTRODUCED, "", (root.name,)))
+    assert read is not None and not read.may_have_lapsed(work)
+    output = work.graph.output_node()
+    output.args = (output.args[0],)  # the same value, another args object: the outputs may have changed
+    assert read.may_have_lapsed(work)
+    assert read_beyond(match, Refusal(RefusalCode.SHAPE_CHANGED, "", (root.name,))) is None
+    layout = read_beyond(match, Refusal(RefusalCode.LAYOUT_CHANGED, "", (root.name, "view")))
+    assert layout is not None and not layout.outputs_read and not layout.may_have_lapsed(work)
+    assert read_beyond(match, Refusal(RefusalCode.LAYOUT_CHANGED, "", (root.name, output.name))).outputs_read
