@@ -476,9 +476,12 @@ class _Session:
             if isinstance(outcome, Refusal):  # a builder declined these modules, or a guard refused
                 rejected[_rejected_key(program, result)] = _rejected(program, result, outcome)
                 wait(program, result)
-                read = read_beyond(result, outcome)
+                read = read_beyond(self.work, result, outcome)
                 if read is not None:
                     beyond.append([len(applied), program, result.roots[0], read])
+                    item = (program, result.roots[0])
+                    for n in read.watched():
+                        waiting.setdefault(n, []).append(item)
                 continue
             entry, touched, lost = outcome
             if rejected:  # a match refused earlier that now rewrites is not reported refused

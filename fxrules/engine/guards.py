@@ -413,7 +413,8 @@ def _reads_strides(node: fx.Node) -> bool:
     return False
 
 
-def stride_reader(root: fx.Node, *, outputs_read: bool = False, known: Optional[dict] = None) -> Optional[fx.Node]:
+def stride_reader(root: fx.Node, *, outputs_read: bool = False,
+                  known: "Optional[StrideWalks]" = None) -> Optional[fx.Node]:
     """A node downstream of ``root`` (through any chain of users: views, and elementwise ops,
     pass their input's layout on) that reads strides; None when there is none.
 
@@ -423,13 +424,12 @@ def stride_reader(root: fx.Node, *, outputs_read: bool = False, known: Optional[
     not (every existing-value replacement feeding an output would be refused; docs/semantics.md).
 
     The reader named is the first in a depth-first walk that takes each node's users last first.
-    ``known``: node -> the reader at or below it in that walk (None: none), for the graph as it is
-    now and this ``outputs_read``, filled as the walk finishes nodes and read by later calls
-    (:meth:`fxrules.engine.transaction.Workpiece.stride_readers`): the matches of a chain each
-    asking walked the rest of the chain (a chain of 4,000 ``+ 0`` before a ``view``, without
-    metadata: 3.4 s)."""
+    ``known``: what earlier walks found, for this ``outputs_read`` (:class:`StrideWalks`, kept by
+    :meth:`fxrules.engine.transaction.Workpiece.stride_readers` through the run's edits), filled as
+    the walk finishes nodes: the matches of a chain each asking walked the rest of the chain (a chain
+    of 4,000 ``+ 0`` before a ``view``, without metadata: 3.4 s)."""
     if known is None:
-        known = {}
+        known = StrideWalks(outputs_read)
     for user in reversed(root.users):
         found = _reader_at_or_below(user, outputs_read, known)
         if found is not None:
@@ -437,36 +437,83 @@ def stride_reader(root: fx.Node, *, outputs_read: bool = False, known: Optional[
     return None
 
 
+class StrideWalks:
+    """What :func:`stride_reader`'s walks found below nodes, for one graph and one ``outputs_read``:
+    ``found``, node -> the first reader at or below it in the walk's order; ``none``, the nodes with no
+    reader at or below them.
+
+    Kept through edits where it still holds, told of each by the workpiece:
+
+    * a reader found below a node holds until the next edit (any edit may take it away, or put
+      another first in the walk's order): ``found`` is dropped at every edit;
+    * "no reader below" holds through every edit that only takes users away (an erase, a node whose
+      users move elsewhere), and through one that gives a value users with no reader at or below them
+      (:meth:`gave`) or makes a node that reads no strides (:meth:`made`: a node is made without
+      users): what the value reaches gains no reader. Any other edit drops ``none``.
+
+    (Dropped at every edit, the walks of a chain of views made ``reshape`` from the last up, each view
+    above turned down until the one below went, walked the rest of the chain per rewrite: 2,000 views,
+    4.9 s.)"""
+
+    __slots__ = ("outputs_read", "found", "none")
+
+    def __init__(self, outputs_read: bool):
+        self.outputs_read = outputs_read
+        self.found: dict = {}
+        self.none: set = set()
+
+    def made(self, node: fx.Node) -> None:
+        """``node`` was made (with no users yet): its inputs reach it."""
+        self.found = {}
+        if self.none and (_reads_strides(node) or (self.outputs_read and node.op == "output")):
+            self.none = set()
+
+    def gave(self, users: Iterable[fx.Node]) -> None:
+        """A value became an input of each of ``users`` (``replace_uses``: the replaced node's users;
+        ``repoint``: the one user)."""
+        self.found = {}
+        none = self.none
+        if none and any(user not in none for user in users):
+            self.none = set()
+
+    def took(self) -> None:
+        """Users were taken away (a node erased): nothing more is reached."""
+        self.found = {}
+
+
 _DONE = object()
 
 
-def _reader_at_or_below(start: fx.Node, outputs_read: bool, known: dict) -> Optional[fx.Node]:
+def _reader_at_or_below(start: fx.Node, outputs_read: bool, known: StrideWalks) -> Optional[fx.Node]:
     """``start`` if it reads strides, else the first reader below it (see :func:`stride_reader`), or None;
     each node the walk finishes is entered in ``known``."""
-    if start in known:
-        return known[start]
+    found, none = known.found, known.none
+    if start in none:
+        return None
+    hit = found.get(start)
+    if hit is not None:
+        return hit
     if _reads_strides(start) or (outputs_read and start.op == "output"):
-        known[start] = start
+        found[start] = start
         return start
     stack = [(start, iter(reversed(start.users)))]
     while stack:
-        users = stack[-1][1]
-        user = next(users, _DONE)
+        user = next(stack[-1][1], _DONE)
         if user is _DONE:  # nothing reads strides below this node
-            known[stack.pop()[0]] = None
+            none.add(stack.pop()[0])
             continue
-        if user in known:
-            found = known[user]
-            if found is None:
+        if user in none:
+            continue
+        hit = found.get(user)
+        if hit is None:
+            if _reads_strides(user) or (outputs_read and user.op == "output"):
+                hit = found[user] = user
+            else:
+                stack.append((user, iter(reversed(user.users))))
                 continue
-        elif _reads_strides(user) or (outputs_read and user.op == "output"):
-            found = known[user] = user
-        else:
-            stack.append((user, iter(reversed(user.users))))
-            continue
         for node, _ in stack:  # the first reader below each node on the way down is this one
-            known[node] = found
-        return found
+            found[node] = hit
+        return hit
     return None
 
 
@@ -488,7 +535,8 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _layout_key(a) == _layout_key(b)
 
 
-def layout_changed(match: Match, values: tuple, known: Optional[Callable[[bool], dict]] = None) -> Optional[Refusal]:
+def layout_changed(match: Match, values: tuple,
+                   known: Optional[Callable[[bool], StrideWalks]] = None) -> Optional[Refusal]:
     """``known(outputs_read)``: what :func:`stride_reader` may read and fill (the workpiece's
     ``stride_readers``); without it each question walks anew."""
     known = known if known is not None else _walk_anew
@@ -639,11 +687,12 @@ def _returns_its_input(work: Any, root: fx.Node) -> bool:
     return isinstance(module, ALIASING_MODULES) and not isinstance(module, (nn.Flatten, nn.Unflatten))
 
 
-def _walk_anew(outputs_read: bool) -> dict:
-    return {}
+def _walk_anew(outputs_read: bool) -> StrideWalks:
+    return StrideWalks(outputs_read)
 
 
-def _layout_unknown(match: Match, index: int, root: fx.Node, known: Optional[dict] = None) -> Optional[Refusal]:
+def _layout_unknown(match: Match, index: int, root: fx.Node,
+                    known: Optional[StrideWalks] = None) -> Optional[Refusal]:
     reader = stride_reader(root, known=known)
     if reader is None:
         return None
@@ -672,6 +721,18 @@ class ReadBeyond:
     root: fx.Node
     outputs_read: bool
     outputs: Any  # the output node's args when refused (output-alias-introduced); None for a layout refusal
+    reader: Optional[fx.Node] = None  # the stride reader the refusal named (a layout refusal)
+
+    def watched(self) -> tuple:
+        """Nodes whose loss of a user shows the reader named going (it is erased, or reads another value):
+        the reader's inputs, one of which is on the walk's path from the root. The driver sends the match
+        back when one of them loses a user (a chain of views each turned down for the view two levels
+        below, rewritten from the last up, waited otherwise for a sweep per rewrite: quadratic). None for
+        the output node (never erased; it reads every output) or the outputs."""
+        reader = self.reader
+        if reader is None or reader.op == "output":
+            return ()
+        return tuple(reader.all_input_nodes)
 
     def may_have_lapsed(self, work: Any) -> bool:
         """Whether the refusal may no longer hold: the outputs changed, or no node below the root reads
@@ -683,9 +744,10 @@ class ReadBeyond:
                              known=work.stride_readers(self.outputs_read)) is None
 
 
-def read_beyond(match: Match, refusal: Refusal) -> Optional[ReadBeyond]:
-    """What ``refusal`` (of :func:`check`, for ``match``) read beyond the match; None when it read only the
-    match's nodes and bound values. A layout refusal names the root first and the stride reader second
+def read_beyond(work: Any, match: Match, refusal: Refusal) -> Optional[ReadBeyond]:
+    """What ``refusal`` (of :func:`check`, for ``match``, on ``work`` as it is: nothing edited since) read
+    beyond the match; None when it read only the match's nodes and bound values. ``work``: the workpiece,
+    whose kept walks find the reader again (None: walk anew). A layout refusal names the root first and the stride reader second
     (:func:`layout_changed`, :func:`_layout_unknown`): a reader that is the output was found with the
     output counted; any other reader is found by the walk without it too (which finds a reader exactly when
     neither walk may pass the match: the walk with the output counted finds one whenever it does)."""
@@ -697,7 +759,9 @@ def read_beyond(match: Match, refusal: Refusal) -> Optional[ReadBeyond]:
     output = _output_node(root.graph)
     if code is RefusalCode.OUTPUT_ALIAS_INTRODUCED:
         return ReadBeyond(root, True, output.args)
-    return ReadBeyond(root, len(refusal.nodes) > 1 and refusal.nodes[1] == output.name, None)
+    outputs_read = len(refusal.nodes) > 1 and refusal.nodes[1] == output.name
+    known = work.stride_readers(outputs_read) if work is not None else None
+    return ReadBeyond(root, outputs_read, None, stride_reader(root, outputs_read=outputs_read, known=known))
 
 
 def _output_node(graph: fx.Graph) -> fx.Node:

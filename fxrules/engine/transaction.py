@@ -305,7 +305,8 @@ class Workpiece:
         # lose by the edits below that may hand their storage on (fxrules.engine.watch)
         self.storage = StorageWatch(self.effects.hands_on_storage)
         self._stride_readers: Optional[int] = None  # nodes reading strides (guards), counted on first use
-        self._stride_walks: tuple = (-1, ({}, {}))  # (edits, what stride_readers answers): see stride_readers
+        # what guards.stride_reader's walks found (without, with the output as a reader), told of each edit
+        self._stride_walks: Optional[tuple] = None
         # guards.output_aliased's outputs and parameters by storage, kept between matches
         self.output_storages: Optional[guards.OutputStorages] = None
 
@@ -318,6 +319,9 @@ class Workpiece:
         node = fxaccess.create_node(self.graph, op, target, args, kwargs, self._node_names)
         journal.created(node)
         self.effects.edits += 1
+        if self._stride_walks is not None:
+            for walks in self._stride_walks:
+                walks.made(node)
         if self.hubs.grouped:
             self.hubs.made(node)
         if self.effects.aliasing.hub_users:
@@ -331,6 +335,9 @@ class Workpiece:
         if self.storage.waiting:
             self.storage.lost(root, root.users)
         rewired = list(root.users) if self.effects.aliasing.hub_users else ()
+        if self._stride_walks is not None:
+            for walks in self._stride_walks:
+                walks.gave(root.users)
         root.replace_all_uses_with(value)
         self.effects.edits += 1
         if self.output_storages is not None:
@@ -347,6 +354,9 @@ class Workpiece:
             self.storage.lost(old, (user,))
         user.replace_input_with(old, new)
         self.effects.edits += 1
+        if self._stride_walks is not None:
+            for walks in self._stride_walks:
+                walks.gave((user,))
         if self.output_storages is not None and user.op == "output":
             self.output_storages.rewired(old, new)
         if self.effects.aliasing.hub_users:
@@ -362,6 +372,9 @@ class Workpiece:
         fxaccess.erase_node(self.graph, node)
         self.erased(node)
         self.effects.edits += 1
+        if self._stride_walks is not None:
+            for walks in self._stride_walks:
+                walks.took()
 
     def meta_of(self, node: fx.Node) -> dict:
         """``node.meta``, to be written."""
@@ -460,14 +473,13 @@ class Workpiece:
             self._stride_readers = guards.count_stride_readers(self.graph)
         return self._stride_readers > 0
 
-    def stride_readers(self, outputs_read: bool) -> dict:
+    def stride_readers(self, outputs_read: bool) -> "guards.StrideWalks":
         """What :func:`fxrules.engine.guards.stride_reader` has found below nodes (``outputs_read`` or not),
-        for the graph as it is now: kept until the next edit (:attr:`Effects.edits`)."""
-        edits, found = self._stride_walks
-        if edits != self.effects.edits:
-            found = ({}, {})
-            self._stride_walks = (self.effects.edits, found)
-        return found[outputs_read]
+        kept through the edits below while it holds (:class:`~fxrules.engine.guards.StrideWalks`)."""
+        walks = self._stride_walks
+        if walks is None:
+            walks = self._stride_walks = (guards.StrideWalks(False), guards.StrideWalks(True))
+        return walks[outputs_read]
 
     def created(self, node: fx.Node) -> None:
         self.effects.node_created(node)

@@ -819,16 +819,84 @@ def test_the_stride_reader_found_with_what_earlier_walks_found_is_the_one_a_fres
             made = graph.call_method(kind, (a, -1) if kind == "view" else (a,))
         nodes.append(made)
     graph.output(tuple(data.draw(st.lists(st.sampled_from(nodes), max_size=3))))
-    known = {False: {}, True: {}}
+    known = {False: guards.StrideWalks(False), True: guards.StrideWalks(True)}
     for node in data.draw(st.permutations(nodes)):
         for outputs_read in (False, True):
             assert guards.stride_reader(node, outputs_read=outputs_read, known=known[outputs_read]) \
                 is _stride_reader_by_walking(node, outputs_read)
 
 
+@given(data=st.data())
+def test_what_stride_walks_found_is_kept_through_edits_where_it_holds(data):
+    """Random graphs as above, edited through the workpiece (a node made, with a stride reader among them;
+    a node's uses moved to another earlier node; one use repointed; a node without users erased), with
+    every node asked about between the edits: the kept walks (Workpiece.stride_readers) name the node a fresh
+    walk names."""
+    from torch import fx
+
+    from fxrules.engine import guards
+    from fxrules.engine.transaction import Workpiece
+
+    graph = fx.Graph()
+    nodes = [graph.placeholder("x")]
+    kinds = ["neg", "add", "view", "stride", "t"]
+
+    def make(kind, a, b):
+        if kind == "add":
+            return graph.call_function(torch.add, (a, b))
+        if kind == "neg":
+            return graph.call_function(torch.neg, (a,))
+        return graph.call_method(kind, (a, -1) if kind == "view" else (a,))
+
+    for _ in range(data.draw(st.integers(1, 16))):
+        nodes.append(make(data.draw(st.sampled_from(kinds)), data.draw(st.sampled_from(nodes)),
+                          data.draw(st.sampled_from(nodes))))
+    graph.output(tuple(data.draw(st.lists(st.sampled_from(nodes), max_size=3))))
+    gm = fx.GraphModule(nn.Module(), graph)
+    work = Workpiece(gm.graph, gm, class_name="Model")
+
+    def ask():  # every node, in a drawn order
+        for node in data.draw(st.permutations(list(gm.graph.nodes))):
+            for outputs_read in (False, True):
+                assert guards.stride_reader(node, outputs_read=outputs_read, known=work.stride_readers(outputs_read)) \
+                    is _stride_reader_by_walking(node, outputs_read)
+
+    ask()
+    for _ in range(data.draw(st.integers(1, 8))):
+        live = [n for n in gm.graph.nodes if n.op != "output"]
+        edit = data.draw(st.sampled_from(["make", "move", "repoint", "erase"]))
+        if edit == "make":
+            at = data.draw(st.sampled_from(live[1:] + [gm.graph.output_node()]))
+            earlier = [n for n in live if n < at]
+            a, b = data.draw(st.sampled_from(earlier)), data.draw(st.sampled_from(earlier))
+            kind = data.draw(st.sampled_from(kinds))
+            args = (a, b) if kind == "add" else ((a, -1) if kind == "view" else (a,))
+            with gm.graph.inserting_before(at):
+                made = work.new_node("call_function" if kind in ("add", "neg") else "call_method",
+                                     {"add": torch.add, "neg": torch.neg}.get(kind, kind), args, {})
+            if data.draw(st.booleans()) and at.op != "output":  # the new node takes over a later node's uses
+                work.replace_uses(at, made)
+        elif edit == "move" and len(live) > 1:
+            root = data.draw(st.sampled_from(live[1:]))
+            value = data.draw(st.sampled_from([n for n in live if n < root]))
+            work.replace_uses(root, value)
+        elif edit == "repoint":
+            users = [(u, i) for i in live for u in i.users]
+            if users:
+                user, old = data.draw(st.sampled_from(users))
+                new = data.draw(st.sampled_from([n for n in live if n < user and n is not old] or [old]))
+                work.repoint(user, old, new)
+        elif edit == "erase":
+            unused = [n for n in live if not n.users and n.op != "placeholder"]
+            if unused:
+                work.erase(data.draw(st.sampled_from(unused)))
+        ask()
+
+
 def test_what_stride_walks_found_is_kept_until_the_graph_is_edited():
-    """Workpiece.stride_readers answers the same tables (one per ``outputs_read``) until an edit, then new
-    empty ones: what a walk found below a node may be wrong once a node is made, erased or rewired."""
+    """Workpiece.stride_readers answers the same tables (one per ``outputs_read``) through the run; what a
+    walk found below a node is dropped at the next edit, and what it found nothing below survives an edit
+    that gives no node a way to a reader (here: a view below neg made a flatten, which reads no strides)."""
     from torch import fx
 
     from fxrules.engine import guards
@@ -842,12 +910,16 @@ def test_what_stride_walks_found_is_kept_until_the_graph_is_edited():
     gm = fx.GraphModule(nn.Module(), graph)
     work = Workpiece(gm.graph, gm, class_name="Model")
     known = work.stride_readers(False)
-    assert guards.stride_reader(x, known=known) is view and known[neg] is view
+    assert guards.stride_reader(x, known=known) is view and known.found[neg] is view
     assert work.stride_readers(False) is known and work.stride_readers(True) is not known
+    assert guards.stride_reader(view, known=known) is None and gm.graph.output_node() in known.none
     with gm.graph.inserting_before(view):
         flat = work.new_node("call_method", "flatten", (neg,), {})
-    work.replace_uses(view, flat)
+    assert not known.found and known.none  # flatten reads no strides
+    work.replace_uses(view, flat)  # the view's one user, the output, has no reader below it
     work.erase(view)
-    fresh = work.stride_readers(False)
-    assert fresh is not known and not fresh
-    assert guards.stride_reader(x, known=fresh) is None
+    assert work.stride_readers(False) is known and not known.found and known.none
+    assert guards.stride_reader(x, known=known) is None and known.none >= {neg, flat}
+    with gm.graph.inserting_before(gm.graph.output_node()):
+        work.new_node("call_method", "stride", (flat,), {})  # a reader made: nothing is known any more
+    assert not known.found and not known.none

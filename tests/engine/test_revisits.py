@@ -288,12 +288,12 @@ def test_an_output_alias_refusal_lapses_when_the_outputs_change():
     program = session.compiled.programs[0]
     match = next(m for m in (session.match_directly(program, n) for n in work.graph.nodes) if m is not None)
     root = match.roots[0]
-    read = read_beyond(match, Refusal(RefusalCode.OUTPUT_ALIAS_INTRODUCED, "", (root.name,)))
+    read = read_beyond(work, match, Refusal(RefusalCode.OUTPUT_ALIAS_INTRODUCED, "", (root.name,)))
     assert read is not None and not read.may_have_lapsed(work)
     output = work.graph.output_node()
     output.args = (output.args[0],)  # the same value, another args object: the outputs may have changed
     assert read.may_have_lapsed(work)
-    assert read_beyond(match, Refusal(RefusalCode.SHAPE_CHANGED, "", (root.name,))) is None
-    layout = read_beyond(match, Refusal(RefusalCode.LAYOUT_CHANGED, "", (root.name, "view")))
+    assert read_beyond(work, match, Refusal(RefusalCode.SHAPE_CHANGED, "", (root.name,))) is None
+    layout = read_beyond(work, match, Refusal(RefusalCode.LAYOUT_CHANGED, "", (root.name, "view")))
     assert layout is not None and not layout.outputs_read and not layout.may_have_lapsed(work)
-    assert read_beyond(match, Refusal(RefusalCode.LAYOUT_CHANGED, "", (root.name, output.name))).outputs_read
+    assert read_beyond(work, match, Refusal(RefusalCode.LAYOUT_CHANGED, "", (root.name, output.name))).outputs_read

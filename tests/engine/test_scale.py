@@ -354,6 +354,18 @@ def chain_before_a_view(n: int) -> fx.GraphModule:
     return fx.GraphModule(nn.Module(), graph)
 
 
+def views_of_views(n: int, between: bool) -> fx.GraphModule:
+    """``v = v.view(-1)`` (with ``between``: ``v = (v * 2).view(-1)``) repeated: each view reads the one above."""
+    graph = fx.Graph()
+    value = graph.placeholder("x")
+    for _ in range((n - 2) // (2 if between else 1)):
+        if between:
+            value = graph.call_function(torch.mul, (value, 2))
+        value = graph.call_method("view", (value, -1))
+    graph.output(value)
+    return fx.GraphModule(nn.Module(), graph)
+
+
 def nested_modules(n: int) -> fx.GraphModule:
     """``n`` module calls at three-level paths, alternately an eval-mode Dropout and a ReLU."""
     root = nn.Module()
@@ -372,6 +384,7 @@ def nested_modules(n: int) -> fx.GraphModule:
     return fx.GraphModule(root.eval(), graph)
 
 
+VIEW_TO_RESHAPE = "rule reshape [exact]: call_method view($x, -1) -> call_method reshape($x, -1)\n"
 SPELL = "rule spell [exact]: call_function torch.add($x, $y) -> call_function torch.sub($x, call_function torch.neg($y))\n"
 
 SHAPES = {
@@ -445,6 +458,13 @@ SHAPES = {
     # without metadata, each `+ 0` is turned down (x's strides cannot be compared, and the view reads them):
     # finding the view walked the rest of the chain per match
     "chain_before_a_view": (chain_before_a_view, "rule zero [exact]: call_function torch.add($x, 0) -> $x\n"),
+    # without metadata, each view made a `reshape` is turned down while a view reads it: the last goes first,
+    # then each above it, one at a time. Consecutive views: the check of a replacement that may alias walked
+    # up the chain to its storage root per rewrite; with a product between them, each view is turned down for
+    # the view two levels below (a guard refusal reading beyond its match) and comes back when that one goes,
+    # and the walk looking for a stride reader below each root went down the rest of the chain per rewrite
+    "views_made_reshape_from_the_last": (lambda n: views_of_views(n, between=False), VIEW_TO_RESHAPE),
+    "views_between_products_made_reshape": (lambda n: views_of_views(n, between=True), VIEW_TO_RESHAPE),
     "nested_modules": (nested_modules,
                        "rule drop [exact]: call_module Dropout($x) as d where not d.training -> $x\n"
                        "rule relus [exact]: call_module ReLU(call_module ReLU($x) as inner) -> call_module inner($x)\n"),
