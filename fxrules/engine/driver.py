@@ -167,7 +167,7 @@ def propagate_values(work: Workpiece, example_inputs: tuple) -> None:
                     self.fetch_attr(n.target)
                 with self.guard:
                     result = super().run_node(n)
-            if not real and isinstance(result, torch.Tensor) and result._base is not None:
+            if not real and isinstance(result, torch.Tensor) and fxaccess.view_base(result) is not None:
                 result = _shallow_view(n, result, self.depths)
             work.meta_of(n)["val"] = _as_meta(result) if real else result
             return result
@@ -226,7 +226,7 @@ def _shallow_view(node: fx.Node, value: torch.Tensor, depths: dict) -> torch.Ten
         depths[node] = depth
         return value
     try:
-        shallow = value._base.as_strided(value.size(), value.stride(), value.storage_offset())
+        shallow = fxaccess.view_base(value).as_strided(value.size(), value.stride(), value.storage_offset())
         same = shallow.dtype == value.dtype and shallow.device == value.device \
             and shallow.requires_grad == value.requires_grad and shallow.is_conj() == value.is_conj() \
             and shallow.is_neg() == value.is_neg() and shallow.layout == value.layout \

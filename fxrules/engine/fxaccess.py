@@ -1050,6 +1050,13 @@ def is_fake_tensor(value: Any) -> bool:
     return isinstance(value, _FakeTensor)
 
 
+def view_base(tensor: torch.Tensor) -> Optional[torch.Tensor]:
+    """The tensor ``tensor`` is an autograd view of (``Tensor._base``, the first of a chain of views), or None.
+    torch has no public spelling of it; the driver reads it to take a long chain of fake views from its base
+    in one step (``driver._shallow_view``)."""
+    return tensor._base
+
+
 def function_is_impure(target: Any, args: tuple, kwargs: dict) -> bool:
     """torch's own answer to whether calling ``target`` on these arguments has a side effect
     (random number generation does not count: drawing is the planner's ``changes-random-draws``).
