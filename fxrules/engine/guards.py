@@ -463,9 +463,9 @@ class StrideWalks:
         self.none: set = set()
 
     def made(self, node: fx.Node) -> None:
-        """``node`` was made (with no users yet): its inputs reach it."""
+        """``node`` was made (with no users yet): its inputs reach it. (A rewrite never makes an output node.)"""
         self.found = {}
-        if self.none and (_reads_strides(node) or (self.outputs_read and node.op == "output")):
+        if self.none and _reads_strides(node):
             self.none = set()
 
     def gave(self, users: Iterable[fx.Node]) -> None:
@@ -739,7 +739,7 @@ class ReadBeyond:
         strides now (by the same walk). False is exact: what the refusal read is as it was; what it read
         inside the match is what the driver's wait watches."""
         if self.outputs is not None:
-            return _output_node(self.root.graph).args is not self.outputs
+            return self.root.graph.output_node().args is not self.outputs
         return stride_reader(self.root, outputs_read=self.outputs_read,
                              known=work.stride_readers(self.outputs_read)) is None
 
@@ -747,28 +747,22 @@ class ReadBeyond:
 def read_beyond(work: Any, match: Match, refusal: Refusal) -> Optional[ReadBeyond]:
     """What ``refusal`` (of :func:`check`, for ``match``, on ``work`` as it is: nothing edited since) read
     beyond the match; None when it read only the match's nodes and bound values. ``work``: the workpiece,
-    whose kept walks find the reader again (None: walk anew). A layout refusal names the root first and the stride reader second
-    (:func:`layout_changed`, :func:`_layout_unknown`): a reader that is the output was found with the
-    output counted; any other reader is found by the walk without it too (which finds a reader exactly when
-    neither walk may pass the match: the walk with the output counted finds one whenever it does)."""
+    whose kept walks find the reader again (None: walk anew). A layout refusal names the root first and
+    the stride reader second (:func:`layout_changed`, :func:`_layout_unknown`): a reader that is the output
+    was found with the output counted; any other reader is found by the walk without it too (which finds a
+    reader exactly when neither walk may pass the match: the walk with the output counted finds one
+    whenever it does)."""
     code = refusal.code
     if code is not RefusalCode.LAYOUT_CHANGED and code is not RefusalCode.OUTPUT_ALIAS_INTRODUCED:
         return None
     name = refusal.nodes[0]
     root = next((r for r in match.roots if r.name == name), match.roots[0])
-    output = _output_node(root.graph)
+    output = root.graph.output_node()
     if code is RefusalCode.OUTPUT_ALIAS_INTRODUCED:
         return ReadBeyond(root, True, output.args)
     outputs_read = len(refusal.nodes) > 1 and refusal.nodes[1] == output.name
     known = work.stride_readers(outputs_read) if work is not None else None
     return ReadBeyond(root, outputs_read, None, stride_reader(root, outputs_read=outputs_read, known=known))
-
-
-def _output_node(graph: fx.Graph) -> fx.Node:
-    for node in reversed(graph.nodes):  # (the output is the last node of a traced graph)
-        if node.op == "output":
-            return node
-    raise ValueError("the graph has no output node")
 
 
 # -- aliasing ----------------------------------------------------------------------
