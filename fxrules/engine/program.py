@@ -1034,11 +1034,16 @@ def compile_rules(rule_set: RuleSet) -> CompiledRules:
     if found is not None:
         return found
     programs = tuple(RuleCompiler(rule, rule_set).program() for rule in rule_set.rules)
+    compiled = index(programs)
+    with _compiled_lock:
+        return _compiled.setdefault(rule_set, compiled)
+
+
+def index(programs: tuple) -> CompiledRules:
+    """``programs`` (in rule order) with the (op, target) index over their first roots."""
     by_key: dict = {}
     for program in programs:
         for key in dict.fromkeys(program.keys):
             by_key.setdefault(key, []).append(program)
-    compiled = CompiledRules(programs, {k: tuple(v) for k, v in by_key.items()},
-                             any(k[0] == "call_module" for k in by_key))
-    with _compiled_lock:
-        return _compiled.setdefault(rule_set, compiled)
+    return CompiledRules(programs, {k: tuple(v) for k, v in by_key.items()},
+                         any(k[0] == "call_module" for k in by_key))

@@ -12,7 +12,10 @@ then reads only the groups of the pairs the further root can match, from their f
 
 A user that stops reading the node (erased, or rewired away) is left in its group and skipped when
 read (``user in node.users``); the stale entries at a group's front are dropped as they are passed,
-so a search that takes each group's first live user costs what it uses. A user that reads the node
+so a search that takes each group's first live user costs what it uses, and a read to a group's end
+drops the stale entries between live ones. The fixpoint's revisit reads the groups too: the siblings
+of a node that may be a multi-root rule's further root, among a hub's users, are the users whose pair a
+first root of such a rule can match (:meth:`fxrules.engine.driver._Session._revisit`). A user that reads the node
 again is added again (an edit told of it): at most a duplicate, which the search skips as seen.
 Positions never change for a node already in the graph (the engine inserts nodes, it never moves
 one), so a group stays in graph order as new users are inserted at their place.
@@ -94,7 +97,10 @@ class UsersByKey:
 
 def _live(members: list, users: dict) -> Iterator[fx.Node]:
     """The entries of ``members`` that are still among ``users``, in order; the stale ones before the first
-    live entry are dropped from ``members`` (they are stale for good: a user that comes back is added anew)."""
+    live entry are dropped from ``members`` (they are stale for good: a user that comes back is added anew),
+    and, when the iterator is read to its end, the stale ones between live entries too. (A user replaced
+    by one made in its place, before it, left its stale entry behind the live one: a rule set that kept
+    replacing the same user grew the group by one per rewrite, and each read walked them all.)"""
     stale = 0
     for member in members:
         if member in users:
@@ -102,6 +108,11 @@ def _live(members: list, users: dict) -> Iterator[fx.Node]:
         stale += 1
     if stale:
         del members[:stale]
+    behind = 0
     for member in members:
         if member in users:
             yield member
+        else:
+            behind += 1
+    if behind:
+        members[:] = [member for member in members if member in users]
