@@ -305,11 +305,13 @@ class _Session:
         # the multi-root programs by their first roots: what a sibling of such a node is revisited for
         self.multi_first = (index(tuple(p for p in self.compiled.programs if len(p.roots) > 1))
                             if self.multi_root else None)
-        # the (op, target) pairs those first roots match, when all are functions or methods: the siblings
-        # of a hub (read by many) are then read from its users grouped by pair (work.hubs); else all walked
-        self.sibling_keys = (frozenset(self.multi_first.by_key)
-                             if self.multi_root and all(op in ("call_function", "call_method")
-                                                        for op, _ in self.multi_first.by_key) else None)
+        # the siblings of a hub (a node read by many) are read from its users grouped by (op, target)
+        # (work.hubs): the groups of the function and method pairs those first roots match, and every module
+        # call's group when one of them is a module pattern (matched by class). (A get_attr first root reads
+        # nothing: it is no one's sibling.)
+        first_keys = self.multi_first.by_key if self.multi_root else {}
+        self.sibling_keys = frozenset(key for key in first_keys if key[0] in ("call_function", "call_method"))
+        self.sibling_modules = any(key[0] == "call_module" for key in first_keys)
         self.reach = _revisit_reach(self.compiled.programs, self.depth)
 
     def error(self, program: Program, node: fx.Node, message: str) -> RewriteError:
@@ -598,15 +600,18 @@ class _Session:
             # users, every rewrite next to it would otherwise revisit them all (quadratic)
             further = self.further
             sources = frontier if further is None else [n for n, _ in further.scan(frontier, self.work.module_of)]
-            keys = self.sibling_keys
+            keys, modules = self.sibling_keys, self.sibling_modules
             hubs = self.work.hubs
             for n in sources:
                 for inp in n.all_input_nodes:
-                    if keys is not None and len(inp.users) >= HUB:  # only the users a first root may be
-                        for group in hubs.groups(inp, keys):
-                            siblings.update(group)
-                    else:
+                    if len(inp.users) < HUB:
                         siblings.update(inp.users)
+                        continue
+                    for group in hubs.groups(inp, keys):  # only the users a first root may be
+                        siblings.update(group)
+                    if modules:
+                        for group in hubs.module_groups(inp):
+                            siblings.update(group)
         for _ in range(self.reach):
             nxt = []
             for n in frontier:

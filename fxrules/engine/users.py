@@ -70,6 +70,16 @@ class UsersByKey:
             found.append(_live(groups[_UNHASHABLE], users))
         return found
 
+    def module_groups(self, hub: fx.Node) -> list:
+        """Iterators, one per group of ``hub``'s ``call_module`` users (a group per module path), as
+        :meth:`groups` reads them: for a pattern that matches a module call by its class, which the
+        (op, target) pairs do not name."""
+        groups = self.grouped.get(hub)
+        if groups is None:
+            groups = self.grouped[hub] = self._grouped(hub)
+        users = hub.users
+        return [_live(members, users) for key, members in groups.items() if key[0] == "call_module"]
+
     @staticmethod
     def _grouped(hub: fx.Node) -> dict:
         groups: dict = {}

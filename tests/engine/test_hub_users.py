@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import fx, nn
 
 import fxrules
-from fxrules.engine import matcher
+from fxrules.engine import driver, matcher
 from fxrules.engine.errors import RewriteLoopError
 from fxrules.engine.transaction import Workpiece
 from fxrules.engine.users import UsersByKey
@@ -83,6 +83,7 @@ def graphs(draw):
 def _run(gm: fx.GraphModule, hub: int, inplace: bool, monkeypatch) -> tuple:
     with monkeypatch.context() as patch:
         patch.setattr(matcher, "HUB", hub)
+        patch.setattr(driver, "HUB", hub)  # the revisit's siblings of a further root made: grouped too
         try:
             result = fxrules.apply_rules(gm, fxrules.parse_rules(RULES, "hubs.fxr"), inplace=inplace,
                                          max_iterations=300)
@@ -155,6 +156,35 @@ def test_a_user_an_edit_gives_the_hub_is_found():
     users[0].replace_input_with(made, x)
     relus = max((list(g) for g in hubs.groups(x, key)), key=len)
     assert relus == users
+
+
+def test_a_group_read_to_its_end_drops_the_users_that_left_it():
+    """A user replaced by one made in its place (before it) leaves a stale entry behind the live one: a read to
+    the group's end drops it (a rule set that kept replacing the same user grew the group by one per rewrite),
+    a read that stops early keeps the entries it did not pass."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    users = [graph.call_function(torch.relu, (x,)) for _ in range(4)]
+    graph.output(tuple(users))
+    hubs = UsersByKey()
+    key = frozenset({("call_function", torch.relu)})
+    [group] = hubs.groups(x, key)
+    assert list(group) == users
+    members = hubs.grouped[x][("call_function", torch.relu)]
+    for old in users[1:3]:  # each replaced by a relu made before it
+        with graph.inserting_before(old):
+            made = graph.call_function(torch.relu, (x,))
+        hubs.made(made)
+        old.replace_all_uses_with(made)
+        graph.erase_node(old)
+    assert len(members) == 6
+    [group] = hubs.groups(x, key)
+    assert next(group) is users[0]  # a read that stops: nothing dropped
+    assert len(members) == 6
+    [group] = hubs.groups(x, key)
+    live = list(group)
+    assert live == [n for n in graph.nodes if n.target is torch.relu] and len(live) == 4
+    assert members == live
 
 
 def test_finding_matches_reads_the_groups_as_a_run_does(monkeypatch):

@@ -198,6 +198,50 @@ def test_a_node_made_that_may_be_a_further_root_sends_back_its_siblings(any_reac
     assert torch.equal(first, torch.tanh(x)) and torch.equal(second, torch.sigmoid(x))
 
 
+class FurtherRootAmongManyUsers(nn.Module):
+    """The input is read by 70 negations (a hub: its users are read grouped by target), by ``relu(x)`` and
+    ``sin(x)``, and, through ``x * 1``, by ``tanh`` and ``cos``: removing the product makes ``tanh(x)`` and
+    ``cos(x)``, further roots of multi-root rules whose first roots, ``relu(x)`` and ``sin(x)``, nothing else
+    touches (a module call, matched by class, and a function call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.relu, self.tanh = nn.ReLU(), nn.Tanh()
+
+    def forward(self, x):
+        total = self.relu(x) + torch.sin(x)
+        for _ in range(70):
+            total = total + torch.neg(x)
+        product = x * 1
+        return total, self.tanh(product), torch.cos(product)
+
+
+HUB_FURTHER_RULES = (
+    "rule modules [changes]:\n"
+    "    call_module ReLU($v) as a, call_module Tanh($v) as b -> call_module a($v), call_module a($v)\n"
+    "rule functions [changes]:\n"
+    "    call_function torch.sin($v), call_function torch.cos($v) -> call_function torch.tanh($v), "
+    "call_function torch.sigmoid($v)\n"
+    "rule mul_one [exact]:\n"
+    "    call_function operator.mul($x, 1) -> $x\n"
+)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copying", "in place"])
+def test_a_further_root_made_beside_a_hub_sends_back_its_siblings(inplace):
+    model = FurtherRootAmongManyUsers()
+    x = torch.randn(5)
+    expected = model(x)
+    rules = fxrules.parse_rules(HUB_FURTHER_RULES)
+    result = fxrules.apply_rules(fx.symbolic_trace(model), rules, inplace=inplace)
+    assert [a.rule for a in result.report.applied] == ["mul_one", "modules", "functions"]
+    assert not fxrules.apply_rules(result.module, rules).report.applied
+    total, tanh, cos = result.module(x)
+    # the tanh module's place reads relu(x); sin's place reads tanh(x), cos's sigmoid(x)
+    assert torch.equal(tanh, torch.relu(x)) and torch.equal(cos, torch.sigmoid(x))
+    assert torch.allclose(total, expected[0] - torch.sin(x) + torch.tanh(x))
+
+
 def test_further_roots_index_the_roots_after_the_first():
     from fxrules.engine.program import further_roots
 
