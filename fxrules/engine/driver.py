@@ -305,13 +305,14 @@ class _Session:
         # the multi-root programs by their first roots: what a sibling of such a node is revisited for
         self.multi_first = (index(tuple(p for p in self.compiled.programs if len(p.roots) > 1))
                             if self.multi_root else None)
-        # the siblings of a hub (a node read by many) are read from its users grouped by (op, target)
-        # (work.hubs): the groups of the function and method pairs those first roots match, and every module
-        # call's group when one of them is a module pattern (matched by class). (A get_attr first root reads
-        # nothing: it is no one's sibling.)
-        first_keys = self.multi_first.by_key if self.multi_root else {}
-        self.sibling_keys = frozenset(key for key in first_keys if key[0] in ("call_function", "call_method"))
-        self.sibling_modules = any(key[0] == "call_module" for key in first_keys)
+        # the siblings of a hub (a node read by many) are read from its users grouped by (op, target), a
+        # module call's by (op, class) (work.hubs): the groups those first roots match. (A get_attr first
+        # root reads nothing: it is no one's sibling.)
+        self.sibling_keys = frozenset(key for key in (self.multi_first.by_key if self.multi_root else ())
+                                      if key[0] != "get_attr")
+        # per multi-root program (by rule index): the pairs of its first root, for the walk of a hub's users
+        self.first_keys = {p.rule.index: frozenset(k for k in p.keys if k[0] != "get_attr")
+                           for p in (self.multi_first.programs if self.multi_root else ())}
         self.reach = _revisit_reach(self.compiled.programs, self.depth)
 
     def error(self, program: Program, node: fx.Node, message: str) -> RewriteError:
@@ -414,6 +415,8 @@ class _Session:
                 index = program.rule.index
                 key = (index, node)
                 if key in queued:  # already waiting: it will be tried as the graph is then
+                    if linked_only:  # (and now whatever the links say)
+                        linked_only.discard(key)
                     continue
                 # The pre-check (may_match); a rule skipped here is re-examined if the node's inputs
                 # change: a replaced input's users are revisited. Its common form, one call pattern
@@ -432,6 +435,37 @@ class _Session:
                         continue
                 queued.add(key)
                 add((index, sort_key(node), next(counter), node, program))
+
+        # A further root made beside a hub (a node read by many) is followed through the hub's users that may
+        # be a first root of its rule one at a time, in graph order (_revisit's links: (the node made, the
+        # hub, the program)): each such user is queued with the link, and when it comes off the worklist the
+        # next one is queued before it is tried; once the node made is gone (a match took it) the rest are
+        # not tried, as they would find nothing new. Queuing them all at once made every rewrite that makes
+        # the further root next to a hub try every first root there (`sin(x)` beside 1,000 `cos(neg(neg(x)))`
+        # made `cos(x)` one by one: 500,000 matches, 16 s).
+        chains: dict = {}  # (rule index, node) -> [links] it was queued with
+        linked_only: set = set()  # the keys queued by links alone (none pushed them otherwise since)
+        hubs = self.work.hubs
+
+        def follow(link: tuple, position: Any) -> None:
+            """Queue the first user of the link's hub after ``position`` that its program may root on."""
+            _, hub, program = link
+            keys = self.first_keys[program.rule.index]
+            index = program.rule.index
+            while (user := hubs.after(hub, keys, position)) is not None:
+                key = (index, user)
+                if key not in queued:
+                    push(user, (program,), add)
+                    if key in queued:
+                        linked_only.add(key)
+                if key in queued:
+                    found = chains.get(key)
+                    if found is None:
+                        chains[key] = [link]
+                    else:
+                        found.append(link)
+                    return
+                position = sort_key(user)  # its pre-check says the program cannot root there: the next
 
         sort_key = fxaccess.sort_key
         scan = self.compiled.scan
@@ -492,8 +526,19 @@ class _Session:
         while (entry := pop()) is not None or (beyond and self._lapsed(beyond, len(applied), push, add)):
             if entry is None:
                 continue
-            _, _, _, node, program = entry
-            queued.discard((program.rule.index, node))
+            _, position, _, node, program = entry
+            key = (program.rule.index, node)
+            queued.discard(key)
+            if chains:
+                links = chains.pop(key, None)
+                if links is not None:
+                    live = [link for link in links if link[0].graph is not None and not fxaccess.erased(link[0])]
+                    for link in live:
+                        follow(link, position)
+                    if key in linked_only:
+                        linked_only.discard(key)
+                        if not live:
+                            continue
             if node.graph is None or fxaccess.erased(node):
                 continue
             result = self.match_directly(program, node)
@@ -553,12 +598,14 @@ class _Session:
                     for program_, root in on_storage.pop(n, ()):
                         if root.graph is not None and not fxaccess.erased(root):
                             push(root, (program_,), add)
-            revisit, siblings = self._revisit(touched)
+            revisit, siblings, links = self._revisit(touched)
             for n, programs in scan(revisit, module_of):  # the nodes some rule roots on
                 push(n, programs, add)
             if siblings:
                 for n, programs in self.multi_first.scan(siblings, module_of):
                     push(n, programs, add)
+            for link in links:
+                follow(link, None)
         return applied, list(rejected.values())
 
     def _lapsed(self, beyond: list, applied: int, push: Callable, add: Callable) -> bool:
@@ -583,35 +630,39 @@ class _Session:
         beyond[:] = kept
         return sent
 
-    def _revisit(self, touched: Iterable[fx.Node]) -> tuple[set, set]:
-        """The nodes to revisit for every rule: touched nodes and their users up to :func:`_revisit_reach`
-        levels; and those to revisit for the multi-root rules only: the siblings of a touched node that may
-        be a further root of one (the other users of its inputs), which may be the first root of a match
-        that now finds it. Only those rules there: a sibling's own single-root matches are unchanged by a
-        node made beside it, and sending them back made each rewrite of a multi-root rule next to a value
-        read by many re-plan every match turned down among that value's users (a looping `sin, cos -> cos,
-        sin` beside refused rewrites over shared inputs: 6 ms a rewrite at 1,200 nodes)."""
+    def _revisit(self, touched: Iterable[fx.Node]) -> tuple[set, set, list]:
+        """What a rewrite that touched ``touched`` sends back:
+
+        - for every rule: the touched nodes and their users up to :func:`_revisit_reach` levels;
+        - for the multi-root rules only, around a touched node that may be a further root of one: the other
+          users of its inputs (siblings), which may be the first root of a match that now finds it. Only
+          those rules: a sibling's own single-root matches are unchanged by a node made beside it (sending
+          them back made each rewrite of a multi-root rule next to a value read by many re-plan every match
+          turned down among its users: a looping `sin, cos -> cos, sin` beside refused rewrites over shared
+          inputs, 6 ms a rewrite at 1,200 nodes);
+        - where such an input is a hub (read by many), links ``(node, hub, program)`` instead, one per program
+          whose further root the node may be: the driver follows each through the hub's users that may be
+          the program's first root, one at a time (see :meth:`rewrite`).
+        """
         found: set = set()
         siblings: set = set()
+        links: list = []
         frontier = [n for n in touched if not fxaccess.erased(n)]
         found.update(frontier)
         if self.multi_root:
             # Only the touched nodes that may be a further root: in a graph whose input has thousands of
             # users, every rewrite next to it would otherwise revisit them all (quadratic)
             further = self.further
-            sources = frontier if further is None else [n for n, _ in further.scan(frontier, self.work.module_of)]
-            keys, modules = self.sibling_keys, self.sibling_modules
-            hubs = self.work.hubs
-            for n in sources:
+            if further is None:
+                sources = [(n, self.multi_first.programs) for n in frontier]
+            else:
+                sources = list(further.scan(frontier, self.work.module_of))
+            for n, programs in sources:
                 for inp in n.all_input_nodes:
                     if len(inp.users) < HUB:
                         siblings.update(inp.users)
-                        continue
-                    for group in hubs.groups(inp, keys):  # only the users a first root may be
-                        siblings.update(group)
-                    if modules:
-                        for group in hubs.module_groups(inp):
-                            siblings.update(group)
+                    else:
+                        links.extend((n, inp, program) for program in programs)
         for _ in range(self.reach):
             nxt = []
             for n in frontier:
@@ -622,7 +673,7 @@ class _Session:
             frontier = nxt
             if not frontier:
                 break
-        return found, siblings - found if siblings else siblings
+        return found, siblings - found if siblings else siblings, links
 
 
 def _own_nodes(match: Match) -> dict:

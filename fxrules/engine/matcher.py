@@ -967,12 +967,39 @@ def _direct_as_written(pattern: PCall, memo: dict) -> Callable:
     return as_written
 
 
-def _may_be(node: fx.Node, keys: frozenset) -> bool:
-    """Whether ``node``'s (op, target) is among ``keys`` (True for an unhashable target: the matcher decides)."""
+def _may_be(node: fx.Node, keys: frozenset, module_of: Callable[[str], Any]) -> bool:
+    """Whether ``node``'s (op, target) is among ``keys``, for a module call whether its module is of a class
+    among them or a subclass of one (True for an unhashable target or an unknown module: the matcher decides)."""
+    if node.op == "call_module":
+        module = module_of(node.target)
+        if module is None:
+            return True
+        kind = type(module)
+        return any(op == "call_module" and issubclass(kind, target) for op, target in keys)
     try:
         return (node.op, node.target) in keys
     except TypeError:
         return True
+
+
+def _uses_a_bound_node(pattern: Any, env: Any) -> bool:
+    """Whether every node ``pattern`` (a further root) can match reads a node bound so far: a capture or a
+    reference bound to a node among its call's own arguments (in every option of an alternation). Such a
+    root is found among the bound nodes' users or not at all; the search of every node is for the others."""
+    while isinstance(pattern, PBind):
+        pattern = pattern.inner
+    if isinstance(pattern, PAlt):
+        return all(_uses_a_bound_node(option, env) for option in pattern.options)
+    if not isinstance(pattern, PCall) or pattern.args is None:
+        return False
+    for arg in tuple(pattern.args) + tuple(value for _, value in pattern.kwargs):
+        if isinstance(arg, PCapture):
+            if isinstance(env.captures.get(arg.name), fx.Node):
+                return True
+        elif isinstance(arg, PRef):
+            if isinstance(env.names.get(arg.name), fx.Node):
+                return True
+    return False
 
 
 def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: bool = True) -> "Match | Miss":
@@ -989,7 +1016,7 @@ def match_program(program: Program, node: fx.Node, view: GraphView, *, explain: 
     for pattern, keys in zip(program.roots[1:], program.further_keys):
         found = _match_other_root(matcher, pattern, keys, roots)
         if found is None:
-            return Miss(program, node, matcher.fail_depth + 1,
+            return Miss(program, node, max(matcher.fail_depth, 0) + 1,  # (deeper than the first root's misses)
                         "no node matches the rule's other root over the same captures", matcher.fail_span,
                         MissCode.OTHER_ROOT_MISSING)
         roots.append(found)
@@ -1016,6 +1043,7 @@ def _match_other_root(matcher: _Matcher, pattern: Any, keys: Optional[frozenset]
     any_user = False
     matched = env.nodes
     hubs = matcher.view.hubs if keys is not None else None
+    module_of = matcher.view.module_of
     for value in list(env.captures.values()) + list(env.names.values()):
         if isinstance(value, fx.Node):
             if hubs is not None and len(value.users) >= HUB:
@@ -1029,17 +1057,15 @@ def _match_other_root(matcher: _Matcher, pattern: Any, keys: Optional[frozenset]
                     continue
                 seen.add(user)
                 any_user = True
-                if keys is not None:
-                    try:
-                        if (user.op, user.target) not in keys:
-                            continue
-                    except TypeError:  # an unhashable target: the matcher decides
-                        pass
+                if keys is not None and not _may_be(user, keys, module_of):
+                    continue
                 candidates.append(user)
     if not any_user:
+        if _uses_a_bound_node(pattern, env):  # a match must be a user of a bound node, and none has another
+            return None
         graph = roots[0].graph
         candidates = [n for n in graph.nodes if n not in seen and n not in env.nodes
-                      and (keys is None or _may_be(n, keys))]
+                      and (keys is None or _may_be(n, keys, module_of))]
         grouped = []
     candidates.sort()
     if grouped:  # the hubs' users merged with the others in graph order, each tried once

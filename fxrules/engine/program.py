@@ -855,12 +855,14 @@ def _match_keys(pattern: "PCall") -> Optional[frozenset]:
 
 
 def _call_keys(pattern: Pattern) -> Optional[frozenset]:
-    """The (op, target) pairs of the nodes a root pattern can match, when it only matches call_function and
-    call_method nodes (a call pattern, bound or among alternatives) with hashable targets; else None. The
-    search for a multi-root rule's further roots skips a candidate whose pair is not among them: the
-    matcher would refuse it on its op or target, before reading anything else."""
+    """The (op, target) pairs of the nodes a root pattern can match, when it only matches call_function,
+    call_method and call_module nodes (a call pattern, bound or among alternatives) with hashable targets
+    (a module pattern's pair is ("call_module", its class): it matches a module call of that class or a
+    subclass); else None. The search for a multi-root rule's further roots skips a candidate whose pair is
+    not among them (a module call whose module is of none of the classes): the matcher would refuse it on its
+    op, target or class, before reading anything else."""
     keys = _keys(pattern)
-    if not keys or any(op not in ("call_function", "call_method") for op, _ in keys):
+    if not keys or any(op not in ("call_function", "call_method", "call_module") for op, _ in keys):
         return None
     try:
         return frozenset(keys)

@@ -300,7 +300,7 @@ class Workpiece:
         self.effects = Effects(self.module_of, self.attr_of)
         # the users of nodes read by many, grouped for the search of multi-root rules' further roots (the
         # matcher asks through its GraphView); every edit below that gives a node a user tells it
-        self.hubs = UsersByKey()
+        self.hubs = UsersByKey(self.module_of)
         # the nodes matches turned down for a storage reason wait on (the driver's), told of every user they
         # lose by the edits below that may hand their storage on (fxrules.engine.watch)
         self.storage = StorageWatch(self.effects.hands_on_storage)

@@ -23,8 +23,8 @@ one), so a group stays in graph order as new users are inserted at their place.
 
 from __future__ import annotations
 
-from bisect import insort
-from typing import Any, Iterator
+from bisect import bisect_right, insort
+from typing import Any, Callable, Iterator, Optional
 
 from torch import fx
 
@@ -37,7 +37,17 @@ _UNHASHABLE = ("", None)
 """The group of users whose target cannot be hashed: read for any pair (the matcher decides)."""
 
 
-def _key(node: fx.Node) -> Any:
+def _no_modules(target: str) -> None:
+    return None
+
+
+def _key(node: fx.Node, module_of: Callable[[str], Any]) -> Any:
+    """A user's group: its (op, target); for a module call, ("call_module", the module's class) (a pattern
+    matches a module call by class); the group read for any pair when neither can be hashed or the module
+    is not known."""
+    if node.op == "call_module":
+        module = module_of(node.target)
+        return _UNHASHABLE if module is None else ("call_module", type(module))
     key = (node.op, node.target)
     try:
         hash(key)
@@ -51,40 +61,65 @@ class UsersByKey:
     entries perhaps no longer users: see the module docstring). Empty until a search asks about a hub;
     while it is empty (:attr:`grouped`), an edit asks nothing more of it."""
 
-    __slots__ = ("grouped",)
+    __slots__ = ("grouped", "module_of")
 
-    def __init__(self) -> None:
+    def __init__(self, module_of: Callable[[str], Any] = _no_modules) -> None:
         # hub -> {(op, target): [users in graph order]}; the workpiece's edits test it for emptiness first
         self.grouped: dict = {}
+        # the module a call_module target names (the workpiece's; a path's module does not change in a run:
+        # a module the run makes gets a path of its own)
+        self.module_of = module_of
 
     def groups(self, hub: fx.Node, keys: frozenset) -> list:
-        """Iterators, one per group of ``hub``'s users whose pair is among ``keys`` (and the group of
-        unhashable targets), each over that group's current users in graph order. ``hub`` is grouped on
-        the first ask; the iterators are read before the graph is edited again."""
+        """Iterators, one per group of ``hub``'s users whose pair is among ``keys`` (a module pair,
+        ``("call_module", cls)``, takes the module calls of ``cls`` and of its subclasses), and the group
+        of unhashable targets and unknown modules, each over that group's current users in graph order.
+        ``hub`` is grouped on the first ask; the iterators are read before the graph is edited again."""
+        users = hub.users
+        return [_live(members, users) for members in self._lists(hub, keys)]
+
+    def after(self, hub: fx.Node, keys: frozenset, position: Any) -> Optional[fx.Node]:
+        """The first of ``hub``'s users in graph order, among the groups ``keys`` select (as :meth:`groups`),
+        that comes after ``position`` (a node's :func:`fxrules.engine.fxaccess.sort_key`; None: from the
+        first); None when there is none. The stale entries passed on the way are dropped, so a walk of the
+        users one at a time costs what it reads."""
+        users = hub.users
+        sort_key = fxaccess.sort_key
+        best = best_key = None
+        for members in self._lists(hub, keys):
+            start = 0 if position is None else bisect_right(members, position, key=sort_key)
+            end = start
+            while end < len(members):
+                member = members[end]
+                if member in users:
+                    key = sort_key(member)
+                    if best is None or key < best_key:
+                        best, best_key = member, key
+                    break
+                end += 1
+            if end > start:  # stale entries passed: dropped
+                del members[start:end]
+        return best
+
+    def _lists(self, hub: fx.Node, keys: frozenset) -> list:
+        """The group lists :meth:`groups` reads (``hub`` grouped on the first ask)."""
         groups = self.grouped.get(hub)
         if groups is None:
             groups = self.grouped[hub] = self._grouped(hub)
-        users = hub.users
-        found = [_live(groups[key], users) for key in keys if key in groups]
+        found = [groups[key] for key in keys if key in groups]
+        classes = tuple(target for op, target in keys if op == "call_module")
+        if classes:  # module calls of a subclass: a group per class among the hub's users (a few)
+            found.extend(members for key, members in groups.items()
+                         if key[0] == "call_module" and key not in keys and issubclass(key[1], classes))
         if _UNHASHABLE in groups:
-            found.append(_live(groups[_UNHASHABLE], users))
+            found.append(groups[_UNHASHABLE])
         return found
 
-    def module_groups(self, hub: fx.Node) -> list:
-        """Iterators, one per group of ``hub``'s ``call_module`` users (a group per module path), as
-        :meth:`groups` reads them: for a pattern that matches a module call by its class, which the
-        (op, target) pairs do not name."""
-        groups = self.grouped.get(hub)
-        if groups is None:
-            groups = self.grouped[hub] = self._grouped(hub)
-        users = hub.users
-        return [_live(members, users) for key, members in groups.items() if key[0] == "call_module"]
-
-    @staticmethod
-    def _grouped(hub: fx.Node) -> dict:
+    def _grouped(self, hub: fx.Node) -> dict:
         groups: dict = {}
+        module_of = self.module_of
         for user in hub.users:
-            groups.setdefault(_key(user), []).append(user)
+            groups.setdefault(_key(user, module_of), []).append(user)
         for members in groups.values():
             members.sort(key=fxaccess.sort_key)
         return groups
@@ -97,7 +132,7 @@ class UsersByKey:
         """``user`` reads ``hub`` now (made, rewired or repointed to it); nothing when ``hub`` is not grouped."""
         groups = self.grouped.get(hub)
         if groups is not None:
-            insort(groups.setdefault(_key(user), []), user, key=fxaccess.sort_key)
+            insort(groups.setdefault(_key(user, self.module_of), []), user, key=fxaccess.sort_key)
 
     def made(self, node: fx.Node) -> None:
         """``node`` was just made: it is a new user of each of its inputs."""

@@ -5,6 +5,8 @@ fixpoint, on both sides of the line where a rule set needs one level less."""
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 from torch import fx, nn
@@ -240,6 +242,71 @@ def test_a_further_root_made_beside_a_hub_sends_back_its_siblings(inplace):
     # the tanh module's place reads relu(x); sin's place reads tanh(x), cos's sigmoid(x)
     assert torch.equal(tanh, torch.relu(x)) and torch.equal(cos, torch.sigmoid(x))
     assert torch.allclose(total, expected[0] - torch.sin(x) + torch.tanh(x))
+
+
+class LaterFirstRootAmongManyUsers(nn.Module):
+    """The input is read by 70 negations and two ``sin(x)``, the first of them used twice; removing a double
+    negation makes ``cos(x)``, the further root of a rule whose condition turns down the first ``sin`` and
+    takes the second: the hub's first roots are followed past one that does not take the node made."""
+
+    def forward(self, x):
+        first, second = torch.sin(x), torch.sin(x)
+        total = first + first * 2 + second
+        for _ in range(70):
+            total = total + torch.neg(x)
+        return total + torch.cos(torch.neg(torch.neg(x)))
+
+
+LATER_FIRST_ROOT_RULES = (
+    "rule pair [changes]:\n"
+    "    call_function torch.sin($v) as s, call_function torch.cos($v) where users(s) == 1\n"
+    "    -> call_function torch.tanh($v), call_function torch.sigmoid($v)\n"
+    "rule twice [exact]:\n"
+    "    call_function torch.neg(call_function torch.neg($x)) -> $x\n"
+)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copying", "in place"])
+def test_the_first_roots_beside_a_hub_are_followed_past_one_that_does_not_match(inplace):
+    model = LaterFirstRootAmongManyUsers()
+    x = torch.randn(5)
+    rules = fxrules.parse_rules(LATER_FIRST_ROOT_RULES)
+    result = fxrules.apply_rules(fx.symbolic_trace(model), rules, inplace=inplace)
+    assert [(a.rule, a.matched[0]) for a in result.report.applied] == [("twice", "neg_71"), ("pair", "sin_1")]
+    assert not fxrules.apply_rules(result.module, rules).report.applied
+    expected = model(x) - torch.sin(x) - torch.cos(x) + torch.tanh(x) + torch.sigmoid(x)
+    assert torch.allclose(result.module(x), expected)
+
+
+class LoudTanh(nn.Tanh):
+    """A subclass that computes as ``Tanh``: a ``Tanh`` pattern matches it."""
+
+
+def subclass_among_many_users() -> fx.GraphModule:
+    """The input is read by 70 negations, a ``Sigmoid``, a ``ReLU`` and a :class:`LoudTanh` (module calls,
+    made directly: tracing would go into the subclass): the search for the further root reads the input's
+    module calls grouped by class, and the group of a subclass counts."""
+    root = nn.Module()
+    root.sigmoid, root.relu, root.tanh = nn.Sigmoid(), nn.ReLU(), LoudTanh()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    total = graph.call_function(operator.add, (graph.call_module("sigmoid", (x,)), graph.call_module("relu", (x,))))
+    for _ in range(70):
+        total = graph.call_function(operator.add, (total, graph.call_function(torch.neg, (x,))))
+    graph.output(graph.call_function(operator.add, (total, graph.call_module("tanh", (x,)))))
+    return fx.GraphModule(root, graph)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["copying", "in place"])
+def test_a_further_root_of_a_subclass_is_found_among_many_users(inplace):
+    gm = subclass_among_many_users()
+    x = torch.randn(5)
+    expected = gm(x) - torch.tanh(x) + torch.relu(x)
+    rules = fxrules.parse_rules(
+        "rule pair [changes]: call_module ReLU($v) as a, call_module Tanh($v) as b -> call_module a($v), call_module a($v)\n")
+    result = fxrules.apply_rules(gm, rules, inplace=inplace)
+    assert [(a.rule, a.matched) for a in result.report.applied] == [("pair", ("relu", "tanh"))]
+    assert torch.allclose(result.module(x), expected)
 
 
 def test_further_roots_index_the_roots_after_the_first():

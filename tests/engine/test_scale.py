@@ -289,6 +289,36 @@ def dropouts_of_one_input(n: int) -> fx.GraphModule:
     return fx.GraphModule(root, graph)
 
 
+def module_pairs_of_one_input(n: int) -> fx.GraphModule:
+    """``dropout(x) + identity(x)`` by modules of their own (an eval-mode Dropout, an Identity), ``n / 4``
+    times, summed: every pair reads the input."""
+    root = nn.Module()
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    total = x
+    for i in range(max(1, n // 4)):
+        root.add_module(f"drop{i}", nn.Dropout().eval())
+        root.add_module(f"same{i}", nn.Identity())
+        pair = graph.call_function(operator.add, (graph.call_module(f"drop{i}", (x,)), graph.call_module(f"same{i}", (x,))))
+        total = graph.call_function(operator.add, (total, pair))
+    graph.output(total)
+    return fx.GraphModule(root, graph)
+
+
+def further_roots_made_beside_one_input(n: int) -> fx.GraphModule:
+    """``sin(x) + cos(-(-x))``, ``n / 5`` times, summed: removing a double negation makes ``cos(x)``, the
+    further root of a multi-root rule whose first roots, the ``sin(x)``, all read the input."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    total = x
+    for _ in range(max(1, n // 5)):
+        twice = graph.call_function(torch.neg, (graph.call_function(torch.neg, (x,)),))
+        pair = graph.call_function(torch.add, (graph.call_function(torch.sin, (x,)), graph.call_function(torch.cos, (twice,))))
+        total = graph.call_function(torch.add, (total, pair))
+    graph.output(total)
+    return fx.GraphModule(nn.Module(), graph)
+
+
 def casts_of_one_input(n: int) -> fx.GraphModule:
     """``relu(x.to(torch.float32))`` ``n / 3`` times, summed: every cast reads the input."""
     graph = fx.Graph()
@@ -427,6 +457,20 @@ SHAPES = {
                                         "rule pair [exact]: call_function torch.sin($v), call_function torch.cos($v)"
                                         " -> call_function torch.sin($v), call_function torch.cos(call_function"
                                         " torch.neg($v))\n"),
+    # a multi-root rule over module calls (matched by class) that all read the input: each match's search for
+    # its Identity among the input's users tried every module call with the matcher (a module pattern's pair
+    # had no index: `ReLU, Tanh` pairs over 2,000 blocks, 40 s); the input's module calls are grouped by class
+    "module_pairs_over_one_input": (module_pairs_of_one_input,
+                                    "rule pair [exact]: call_module Dropout($v) as a, call_module Identity($v)"
+                                    " where not a.training -> $v, $v\n"),
+    # each double negation removed makes a further root beside the input every first root reads: each such
+    # rewrite tried every `sin(x)` again (1,000 blocks: 500,000 matches, 16 s); they are followed one at a time
+    "further_roots_made_beside_one_input": (further_roots_made_beside_one_input,
+                                            "rule pair [exact]: call_function torch.sin($v), call_function torch.cos($v)"
+                                            " -> call_function torch.sin(call_function torch.mul($v, 1)),"
+                                            " call_function torch.cos(call_function torch.mul($v, 1))\n"
+                                            "rule twice [exact]: call_function torch.neg(call_function torch.neg($x))"
+                                            " -> $x\n"),
     # each Dropout removed puts the input in its place, under an add: the input's users were all revisited
     # per removal (as a value that gained users); beside a multi-root rule, whose further roots are searched
     # among them
