@@ -30,7 +30,8 @@ from fxrules.lang.diagnostics import FxrulesError
 from fxrules.engine.matcher import (UNHASHABLE_INPUT, GraphView, Match, Miss, direct_matcher, input_keys,
                                     match_program, may_match)
 from fxrules.engine.planner import STORAGE_REFUSALS, Plan, plan
-from fxrules.engine.program import CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules, further_roots, index
+from fxrules.engine.program import (CompiledRules, PAlt, PBind, PCall, PSeq, Program, compile_rules, further_roots,
+                                    index_programs)
 from fxrules.engine.refusals import MissCode, Refusal, RefusalCode
 from fxrules.engine.report import Applied, MatchInfo, NearMiss, Rejected, Report, RewriteResult
 from fxrules.lang.ruleset import RuleSet
@@ -303,14 +304,11 @@ class _Session:
         # which touched nodes may be a further root of a multi-root rule (their siblings are revisited)
         self.further = further_roots(self.compiled.programs) if self.multi_root else None
         # the multi-root programs by their first roots: what a sibling of such a node is revisited for
-        self.multi_first = (index(tuple(p for p in self.compiled.programs if len(p.roots) > 1))
+        self.multi_first = (index_programs(tuple(p for p in self.compiled.programs if len(p.roots) > 1))
                             if self.multi_root else None)
-        # the siblings of a hub (a node read by many) are read from its users grouped by (op, target), a
-        # module call's by (op, class) (work.hubs): the groups those first roots match. (A get_attr first
-        # root reads nothing: it is no one's sibling.)
-        self.sibling_keys = frozenset(key for key in (self.multi_first.by_key if self.multi_root else ())
-                                      if key[0] != "get_attr")
         # per multi-root program (by rule index): the pairs of its first root, for the walk of a hub's users
+        # that may be one (work.hubs groups them by (op, target), a module call by (op, class); a get_attr
+        # first root reads nothing: it is no one's sibling)
         self.first_keys = {p.rule.index: frozenset(k for k in p.keys if k[0] != "get_attr")
                            for p in (self.multi_first.programs if self.multi_root else ())}
         self.reach = _revisit_reach(self.compiled.programs, self.depth)

@@ -1036,12 +1036,12 @@ def compile_rules(rule_set: RuleSet) -> CompiledRules:
     if found is not None:
         return found
     programs = tuple(RuleCompiler(rule, rule_set).program() for rule in rule_set.rules)
-    compiled = index(programs)
+    compiled = index_programs(programs)
     with _compiled_lock:
         return _compiled.setdefault(rule_set, compiled)
 
 
-def index(programs: tuple) -> CompiledRules:
+def index_programs(programs: tuple) -> CompiledRules:
     """``programs`` (in rule order) with the (op, target) index over their first roots."""
     by_key: dict = {}
     for program in programs:

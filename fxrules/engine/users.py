@@ -13,10 +13,14 @@ then reads only the groups of the pairs the further root can match, from their f
 A user that stops reading the node (erased, or rewired away) is left in its group and skipped when
 read (``user in node.users``); the stale entries at a group's front are dropped as they are passed,
 so a search that takes each group's first live user costs what it uses, and a read to a group's end
-drops the stale entries between live ones. The fixpoint's revisit reads the groups too: the siblings
-of a node that may be a multi-root rule's further root, among a hub's users, are the users whose pair a
-first root of such a rule can match (:meth:`fxrules.engine.driver._Session._revisit`). A user that reads the node
-again is added again (an edit told of it): at most a duplicate, which the search skips as seen.
+drops the stale entries between live ones. A user that reads the node again is added again (an edit
+told of it): at most a duplicate, which the search skips as seen. A module call is grouped by its
+module's class (a module pattern matches by class; the group of a subclass counts for its base).
+
+The fixpoint reads the groups too (:meth:`UsersByKey.after`): when a rewrite makes a node that may be a
+multi-root rule's further root beside a hub, the hub's users that may be the rule's first root are
+tried one at a time, in graph order, until a match takes the node made
+(:meth:`fxrules.engine.driver._Session.rewrite`).
 Positions never change for a node already in the graph (the engine inserts nodes, it never moves
 one), so a group stays in graph order as new users are inserted at their place.
 """
