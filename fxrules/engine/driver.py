@@ -602,8 +602,9 @@ class _Session:
             if siblings:
                 for n, programs in self.multi_first.scan(siblings, module_of):
                     push(n, programs, add)
-            for link in links:
-                follow(link, None)
+            if links:
+                for link in links:
+                    follow(link, None)
         return applied, list(rejected.values())
 
     def _lapsed(self, beyond: list, applied: int, push: Callable, add: Callable) -> bool:
@@ -643,11 +644,12 @@ class _Session:
           the program's first root, one at a time (see :meth:`rewrite`).
         """
         found: set = set()
-        siblings: set = set()
-        links: list = []
+        siblings: Any = _NO_NODES
+        links: Any = ()
         frontier = [n for n in touched if not fxaccess.erased(n)]
         found.update(frontier)
         if self.multi_root:
+            siblings, links = set(), []
             # Only the touched nodes that may be a further root: in a graph whose input has thousands of
             # users, every rewrite next to it would otherwise revisit them all (quadratic)
             further = self.further
@@ -671,7 +673,12 @@ class _Session:
             frontier = nxt
             if not frontier:
                 break
-        return found, siblings - found if siblings else siblings, links
+        return found, siblings - found if siblings else _NO_NODES, links
+
+
+_NO_NODES: frozenset = frozenset()
+"""What :meth:`_Session._revisit` answers for siblings when there are none (a run without multi-root rules
+makes no set per rewrite for them)."""
 
 
 def _own_nodes(match: Match) -> dict:
