@@ -50,10 +50,11 @@ def test_reach_of_a_rule_set_of_one_level_patterns():
     assert _revisit_reach(programs, 1) == 1
 
 
-def to_fixpoint(model: nn.Module, text: str) -> fxrules.RewriteResult:
-    """``text``'s rules applied to the traced ``model``; a second run on the result applies nothing."""
+def to_fixpoint(model: nn.Module, text: str, inplace: bool = False) -> fxrules.RewriteResult:
+    """``text``'s rules applied to the traced ``model`` (copying, or in place); a second run on the result
+    applies nothing."""
     rules = fxrules.parse_rules(text)
-    result = fxrules.apply_rules(fx.symbolic_trace(model), rules)
+    result = fxrules.apply_rules(fx.symbolic_trace(model), rules, inplace=inplace)
     assert not fxrules.apply_rules(result.module, rules).report.applied
     return result
 
@@ -234,10 +235,8 @@ def test_a_further_root_made_beside_a_hub_sends_back_its_siblings(inplace):
     model = FurtherRootAmongManyUsers()
     x = torch.randn(5)
     expected = model(x)
-    rules = fxrules.parse_rules(HUB_FURTHER_RULES)
-    result = fxrules.apply_rules(fx.symbolic_trace(model), rules, inplace=inplace)
+    result = to_fixpoint(model, HUB_FURTHER_RULES, inplace)
     assert [a.rule for a in result.report.applied] == ["mul_one", "modules", "functions"]
-    assert not fxrules.apply_rules(result.module, rules).report.applied
     total, tanh, cos = result.module(x)
     # the tanh module's place reads relu(x); sin's place reads tanh(x), cos's sigmoid(x)
     assert torch.equal(tanh, torch.relu(x)) and torch.equal(cos, torch.sigmoid(x))
@@ -270,10 +269,8 @@ LATER_FIRST_ROOT_RULES = (
 def test_the_first_roots_beside_a_hub_are_followed_past_one_that_does_not_match(inplace):
     model = LaterFirstRootAmongManyUsers()
     x = torch.randn(5)
-    rules = fxrules.parse_rules(LATER_FIRST_ROOT_RULES)
-    result = fxrules.apply_rules(fx.symbolic_trace(model), rules, inplace=inplace)
+    result = to_fixpoint(model, LATER_FIRST_ROOT_RULES, inplace)
     assert [(a.rule, a.matched[0]) for a in result.report.applied] == [("twice", "neg_71"), ("pair", "sin_1")]
-    assert not fxrules.apply_rules(result.module, rules).report.applied
     expected = model(x) - torch.sin(x) - torch.cos(x) + torch.tanh(x) + torch.sigmoid(x)
     assert torch.allclose(result.module(x), expected)
 
