@@ -384,8 +384,12 @@ SHARED_RULES = ADD_RULE + RELU_RULE
 
 
 def _shared_rp() -> Runner:
+    # replace_pattern binds two pattern inputs to two distinct nodes: the first block's `x + x` needs a pattern
+    # of its own (`a + a`), as a user would find out
     spell, relus = _add_rp(), _relu_rp()
-    return lambda gm: spell(gm) + relus(gm)
+    same = _trace(lambda x: x + x)
+    same_replacement = _trace(lambda x: torch.add(x, x))
+    return lambda gm: spell(gm) + len(fx.replace_pattern(gm, same, same_replacement)) + relus(gm)
 
 
 def _shared_inductor() -> Runner:
